@@ -1,0 +1,76 @@
+"""KV-cache index bookkeeping ops that sglang's CPU path imports from ``sgl_kernel``.
+
+Each function mirrors the Triton kernel of the same name in sglang 0.5.23 (the contract
+is the kernel's: which rows of ``req_to_token`` are read or written, in which order).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import torch
+
+
+def _segments(start_offset, end_offset):
+    starts = start_offset.tolist()
+    ends = end_offset.tolist()
+    out = 0
+    for s, e in zip(starts, ends):
+        yield s, e, out
+        out += e - s
+
+
+def assign_req_to_token_pool_cpu(req_pool_indices, req_to_token, start_offset, end_offset,
+                                 out_cache_loc, pool_len):
+    """``req_to_token[row_i, start_i:end_i] = out_cache_loc[packed segment i]``."""
+    rows = req_pool_indices.tolist()
+    for row, (s, e, out) in zip(rows, _segments(start_offset, end_offset)):
+        if e > s:
+            req_to_token[row, s:e] = out_cache_loc[out : out + e - s].to(req_to_token.dtype)
+
+
+def assign_extend_cache_locs_cpu(req_pool_indices, req_to_token, start_offset, end_offset,
+                                 out_cache_loc, pool_len):
+    """``out_cache_loc[packed segment i] = req_to_token[row_i, start_i:end_i]``."""
+    rows = req_pool_indices.tolist()
+    for row, (s, e, out) in zip(rows, _segments(start_offset, end_offset)):
+        if e > s:
+            out_cache_loc[out : out + e - s] = req_to_token[row, s:e].to(out_cache_loc.dtype)
+
+
+def assign_draft_cache_locs_contiguous_cpu(req_pool_indices, req_to_token, seq_lens,
+                                           out_cache_loc, pool_len, topk, num_cols):
+    """Copy each request's ``topk * num_cols`` slots from ``seq_lens`` on, packed."""
+    width = topk * num_cols
+    for i, (row, s) in enumerate(zip(req_pool_indices.tolist(), seq_lens.tolist())):
+        out_cache_loc[i * width : (i + 1) * width] = req_to_token[row, s : s + width].to(
+            out_cache_loc.dtype
+        )
+
+
+def fill_bonus_tokens_cpu(accept_tokens, accept_lens, bonus_tokens, accept_stride):
+    """``bonus[i] = accept_tokens[i * stride + accept_lens[i] - 1]``."""
+    lens = accept_lens.long()
+    idx = torch.arange(lens.numel(), dtype=torch.long) * accept_stride + lens - 1
+    bonus_tokens.copy_(accept_tokens.view(-1)[idx].to(bonus_tokens.dtype))
+
+
+def fill_accept_out_cache_loc_cpu(accept_index, out_cache_loc, accept_out_cache_loc):
+    """Pack ``out_cache_loc[accept_index]`` over the entries that are not -1."""
+    flat = accept_index.view(-1).long()
+    valid = flat[flat != -1]
+    accept_out_cache_loc[: valid.numel()] = out_cache_loc[valid].to(accept_out_cache_loc.dtype)
+
+
+def copy_all_layer_kv_cache_cpu(data_ptrs, strides, tgt_loc, src_loc):
+    """For every buffer (raw pointer + row stride in bytes): ``row[tgt] = row[src]``."""
+    if tgt_loc.numel() == 0:
+        return
+    tgt = tgt_loc.long()
+    src = src_loc.long()
+    num_rows = int(max(tgt.max().item(), src.max().item())) + 1
+    for ptr, stride in zip(data_ptrs.tolist(), strides.tolist()):
+        raw = (ctypes.c_uint8 * (num_rows * stride)).from_address(int(ptr))
+        rows = torch.from_numpy(np.frombuffer(raw, dtype=np.uint8)).view(num_rows, stride)
+        rows[tgt] = rows[src].clone()

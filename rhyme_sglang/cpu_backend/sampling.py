@@ -1,0 +1,123 @@
+"""Lossless sampling-mode verification of a speculative token tree, and prob renorms.
+
+Draft tokens from history are deterministic proposals (their draft distribution is a
+point mass), so the exact rule is: at a tree node with target distribution ``p``, walk
+the children ``x_1, x_2, ...`` in order with one uniform coin ``u`` and accept ``x_i`` when
+``u < p(x_1) + ... + p(x_i)`` - equivalently, accept ``x_1`` with probability ``p(x_1)``,
+otherwise ``x_2`` with probability ``p(x_2) / (1 - p(x_1))``, and so on. When every child
+is rejected, the bonus token is drawn from ``p`` with the rejected tokens zeroed and
+renormalised. Each emitted token is therefore distributed exactly as ``p``.
+
+``tree_speculative_sampling_target_only`` has the argument list of sglang's CUDA kernel of
+that name (sglang 0.5.23), so sglang's verify code calls it unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _as_row_values(values, num_rows: int) -> list:
+    if isinstance(values, torch.Tensor):
+        flat = values.view(-1).tolist()
+        return flat if len(flat) == num_rows else flat * num_rows
+    return [values] * num_rows
+
+
+def top_k_renorm_prob(probs: torch.Tensor, top_ks) -> torch.Tensor:
+    """Keep each row's ``k`` most probable tokens (rank < k) and renormalise."""
+    ks = _as_row_values(top_ks, probs.shape[0])
+    out = probs.clone()
+    vocab = probs.shape[-1]
+    for row, k in enumerate(ks):
+        k = int(k)
+        if 0 < k < vocab:
+            kth = torch.topk(probs[row], k, sorted=True).indices
+            keep = torch.zeros(vocab, dtype=torch.bool)
+            keep[kth] = True
+            out[row].masked_fill_(~keep, 0.0)
+    return out / out.sum(-1, keepdim=True)
+
+
+def top_p_renorm_prob(probs: torch.Tensor, top_ps) -> torch.Tensor:
+    """Keep the smallest head of each row whose exclusive cumulative mass is <= p.
+
+    Matches sglang's torch sampler: a token is dropped when the mass strictly before it
+    in descending order exceeds ``top_p``.
+    """
+    ps = torch.tensor(_as_row_values(top_ps, probs.shape[0]), dtype=probs.dtype).view(-1, 1)
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    exclusive = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+    sorted_probs = sorted_probs.masked_fill(exclusive > ps, 0.0)
+    out = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    return out / out.sum(-1, keepdim=True)
+
+
+def sample_residual(dist: torch.Tensor, coin: float) -> int:
+    """Inverse-CDF draw from an unnormalised non-negative vector with ``coin`` in [0, 1)."""
+    cdf = torch.cumsum(dist.double(), dim=0)
+    total = float(cdf[-1])
+    if total <= 0.0:
+        raise ValueError("sample_residual: the distribution has no mass left")
+    idx = int(torch.searchsorted(cdf, torch.tensor([coin * total], dtype=cdf.dtype), right=True))
+    if idx >= dist.numel() or dist[idx] <= 0:
+        idx = int(torch.nonzero(dist > 0)[-1])
+    return idx
+
+
+def tree_speculative_sampling_target_only(
+    predicts, accept_index, accept_token_num, candidates, retrive_index, retrive_next_token,
+    retrive_next_sibling, uniform_samples, uniform_samples_for_final_sampling, target_probs,
+    draft_probs=None, threshold_single: float = 1.0, threshold_acc: float = 1.0,
+    deterministic: bool = True,
+) -> None:
+    """Verify ``bs`` draft trees against ``target_probs [bs, n, vocab]``, in place.
+
+    Writes ``predicts[flat node]`` (the token emitted after each accepted node),
+    ``accept_index[b, :]`` (flat indices of the root and the accepted nodes) and
+    ``accept_token_num[b]`` (accepted draft tokens, bonus excluded). Thresholds other than
+    1.0 make acceptance lossy and are refused.
+    """
+    if threshold_single != 1.0 or threshold_acc != 1.0:
+        raise ValueError(
+            f"lossy acceptance thresholds are not supported: threshold_single={threshold_single}, "
+            f"threshold_acc={threshold_acc} (both must be 1.0)"
+        )
+    bs, n = candidates.shape
+    num_spec = accept_index.shape[1]
+    cand = candidates.tolist()
+    r_index = retrive_index.tolist()
+    r_next = retrive_next_token.tolist()
+    r_sib = retrive_next_sibling.tolist()
+    coins = uniform_samples.view(bs, n).tolist()
+    final_coins = uniform_samples_for_final_sampling.view(-1).tolist()
+    probs = target_probs.view(bs, n, -1)
+    for b in range(bs):
+        last = r_index[b][0]
+        accept_index[b, 0] = last
+        node, num_accepted, rejected = 0, 0, []
+        for _ in range(1, num_spec):
+            child = r_next[b][node]
+            row, coin, mass, rejected = probs[b, node], coins[b][node], 0.0, []
+            accepted = False
+            while child != -1:
+                token = cand[b][child]
+                if token not in rejected:
+                    mass += float(row[token])
+                    if coin < mass:
+                        accepted = True
+                        break
+                    rejected.append(token)
+                child = r_sib[b][child]
+            if not accepted:
+                break
+            predicts[last] = token
+            num_accepted += 1
+            last = r_index[b][child]
+            accept_index[b, num_accepted] = last
+            node, rejected = child, []
+        residual = probs[b, node].clone()
+        if rejected:
+            residual[torch.tensor(rejected, dtype=torch.long)] = 0.0
+        predicts[last] = sample_residual(residual, final_coins[b])
+        accept_token_num[b] = num_accepted

@@ -1,0 +1,38 @@
+"""Server-argument defaults for a CPU-only machine, applied only where the user is silent."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+CPU_DEFAULTS = {
+    "device": "cpu",
+    "attention_backend": "intel_amx",
+    "sampling_backend": "pytorch",
+    "mem_fraction_static": 0.5,
+    "max_total_tokens": 16384,
+    "disable_cuda_graph": True,
+    "host": "127.0.0.1",
+}
+
+
+def on_cpu_only_machine() -> bool:
+    return not torch.cuda.is_available()
+
+
+def apply_cpu_defaults(kwargs: dict) -> dict:
+    """Fill CPU settings into engine kwargs (user-given keys win); set the CPU env vars."""
+    if not on_cpu_only_machine():
+        return kwargs
+    from rhyme_sglang import cpu_backend
+
+    cpu_backend.configure_environment()
+    cpu_backend.activate()
+    out = dict(CPU_DEFAULTS)
+    out.update(kwargs)
+    return out
+
+
+def cpu_env_ready() -> bool:
+    return os.environ.get("SGLANG_USE_CPU_ENGINE") == "1"

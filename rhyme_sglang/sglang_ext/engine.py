@@ -1,0 +1,64 @@
+"""``rhyme_sglang.Engine``: SGLang's offline ``Engine`` with rhyme-sglang's pieces applied.
+
+On a CPU-only machine it fills in the CPU settings (device, intel_amx attention, memory,
+threads) and makes sure the CPU backend reaches the spawned scheduler process through
+sglang's ``run_scheduler_process_func`` seam. Model aliases ``smollm2``/``tiny`` resolve to
+prepared folders.
+"""
+
+from __future__ import annotations
+
+from rhyme_sglang.models import resolve_model_path
+from rhyme_sglang.sglang_ext import check_sglang_version
+from rhyme_sglang.sglang_ext.cpu_defaults import apply_cpu_defaults
+
+check_sglang_version()
+apply_cpu_defaults({})  # env + finders before sglang is imported in this process
+
+import sglang  # noqa: E402
+from sglang.srt.entrypoints.engine import Engine as _SGLangEngine  # noqa: E402
+
+from rhyme_sglang.sglang_ext.process import run_scheduler_process  # noqa: E402
+
+
+class Engine(_SGLangEngine):
+    """An SGLang ``Engine`` with CPU defaults and rhyme-sglang's scheduler-process hook."""
+
+    run_scheduler_process_func = staticmethod(run_scheduler_process)
+
+    def __init__(self, **kwargs):
+        if "model_path" not in kwargs:
+            raise ValueError("Engine needs model_path (a folder, or the alias 'smollm2'/'tiny')")
+        kwargs["model_path"] = resolve_model_path(kwargs["model_path"])
+        super().__init__(**apply_cpu_defaults(kwargs))
+
+    def pause_generation(self, mode: str = "in_place"):
+        """Pause the scheduler (``in_place`` keeps requests and KV; ``abort`` returns them)."""
+        from sglang.srt.managers.io_struct import PauseGenerationReqInput
+
+        if mode not in ("in_place", "abort", "retract"):
+            raise ValueError(f"pause mode must be 'in_place', 'abort' or 'retract', got {mode!r}")
+        return self.loop.run_until_complete(
+            self.tokenizer_manager.pause_generation(PauseGenerationReqInput(mode=mode))
+        )
+
+    def continue_generation(self):
+        from sglang.srt.managers.io_struct import ContinueGenerationReqInput
+
+        return self.loop.run_until_complete(
+            self.tokenizer_manager.continue_generation(ContinueGenerationReqInput())
+        )
+
+    def flush_cache_blocking(self, timeout_s: float = 30.0) -> bool:
+        """Retry ``flush_cache`` until sglang accepts it (it refuses while requests run)."""
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            result = self.flush_cache()
+            if getattr(result, "success", False) or time.monotonic() > deadline:
+                return bool(getattr(result, "success", False))
+            time.sleep(0.05)
+
+
+__all__ = ["Engine", "sglang"]
