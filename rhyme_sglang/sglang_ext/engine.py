@@ -19,6 +19,9 @@ import sglang  # noqa: E402
 from sglang.srt.entrypoints.engine import Engine as _SGLangEngine  # noqa: E402
 
 from rhyme_sglang.sglang_ext.process import run_scheduler_process  # noqa: E402
+from rhyme_sglang.sglang_ext.validation import install_token_id_check  # noqa: E402
+
+install_token_id_check()
 
 
 class Engine(_SGLangEngine):

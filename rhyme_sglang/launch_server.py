@@ -1,0 +1,80 @@
+"""``python -m rhyme_sglang.launch_server``: SGLang's HTTP server with rhyme-sglang applied.
+
+Accepts every ``sglang.launch_server`` flag. On a CPU-only machine it adds the CPU settings
+the user did not give (device, intel_amx attention, memory, threads); it always binds to
+127.0.0.1 unless ``--host`` is given, resolves the model aliases ``smollm2``/``tiny``, and
+installs the request validation and ``/rhyme/*`` routes before serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+logger = logging.getLogger(__name__)
+
+_CPU_FLAGS = (
+    ("--device", "cpu"),
+    ("--attention-backend", "intel_amx"),
+    ("--sampling-backend", "pytorch"),
+    ("--mem-fraction-static", "0.5"),
+    ("--max-total-tokens", "16384"),
+)
+
+
+def _has_flag(argv: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in argv)
+
+
+def prepare_argv(argv: list[str], cpu_only: bool) -> list[str]:
+    """Resolve the model alias and add defaults for flags the user did not pass."""
+    argv = list(argv)
+    from rhyme_sglang.models import resolve_model_path
+
+    for i, arg in enumerate(argv):
+        if arg in ("--model-path", "--model") and i + 1 < len(argv):
+            argv[i + 1] = resolve_model_path(argv[i + 1])
+        elif arg.startswith("--model-path="):
+            argv[i] = "--model-path=" + resolve_model_path(arg.split("=", 1)[1])
+    if not _has_flag(argv, "--host"):
+        argv += ["--host", "127.0.0.1"]
+    if cpu_only:
+        for flag, value in _CPU_FLAGS:
+            if not _has_flag(argv, flag):
+                argv += [flag, value]
+        if not _has_flag(argv, "--disable-cuda-graph"):
+            argv.append("--disable-cuda-graph")
+    return argv
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    from rhyme_sglang.sglang_ext import check_sglang_version
+    from rhyme_sglang.sglang_ext.cpu_defaults import apply_cpu_defaults, on_cpu_only_machine
+
+    check_sglang_version()
+    cpu_only = on_cpu_only_machine()
+    apply_cpu_defaults({})
+    argv = prepare_argv(argv, cpu_only)
+
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.utils import kill_process_tree
+
+    from rhyme_sglang.sglang_ext import http_api
+    from rhyme_sglang.sglang_ext.process import run_scheduler_process
+
+    load_plugins()
+    server_args = prepare_server_args(argv)
+    http_api.install()
+    from sglang.srt.entrypoints.http_server import launch_server
+
+    try:
+        launch_server(server_args, run_scheduler_process_func=run_scheduler_process)
+    finally:
+        kill_process_tree(os.getpid(), include_parent=False)
+
+
+if __name__ == "__main__":
+    main()
