@@ -35,22 +35,24 @@ class Engine(_SGLangEngine):
         kwargs["model_path"] = resolve_model_path(kwargs["model_path"])
         super().__init__(**apply_cpu_defaults(kwargs))
 
-    def pause_generation(self, mode: str = "in_place"):
+    async def async_pause_generation(self, mode: str = "in_place"):
         """Pause the scheduler (``in_place`` keeps requests and KV; ``abort`` returns them)."""
         from sglang.srt.managers.io_struct import PauseGenerationReqInput
 
         if mode not in ("in_place", "abort", "retract"):
             raise ValueError(f"pause mode must be 'in_place', 'abort' or 'retract', got {mode!r}")
-        return self.loop.run_until_complete(
-            self.tokenizer_manager.pause_generation(PauseGenerationReqInput(mode=mode))
-        )
+        return await self.tokenizer_manager.pause_generation(PauseGenerationReqInput(mode=mode))
 
-    def continue_generation(self):
+    async def async_continue_generation(self):
         from sglang.srt.managers.io_struct import ContinueGenerationReqInput
 
-        return self.loop.run_until_complete(
-            self.tokenizer_manager.continue_generation(ContinueGenerationReqInput())
-        )
+        return await self.tokenizer_manager.continue_generation(ContinueGenerationReqInput())
+
+    def pause_generation(self, mode: str = "in_place"):
+        return self.loop.run_until_complete(self.async_pause_generation(mode))
+
+    def continue_generation(self):
+        return self.loop.run_until_complete(self.async_continue_generation())
 
     def flush_cache_blocking(self, timeout_s: float = 30.0) -> bool:
         """Retry ``flush_cache`` until sglang accepts it (it refuses while requests run)."""

@@ -1,0 +1,104 @@
+"""Frozen configuration records for the draft store and the speculation window."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+def _check_int(name: str, value: int, lo: int, hi: Optional[int] = None) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < lo or (hi is not None and value > hi):
+        bound = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+        raise ValueError(f"{name} must be an int {bound}, got {value!r}")
+
+
+def _check_float(name: str, value: float, lo: float, hi: float) -> None:
+    if not isinstance(value, (int, float)) or not math.isfinite(value) or not lo <= value <= hi:
+        raise ValueError(f"{name} must be a finite number in [{lo}, {hi}], got {value!r}")
+
+
+@dataclass(frozen=True)
+class WindowConfig:
+    """Constants of the per-request draft window (see `window.SpecWindow` for the rule)."""
+
+    initial: int = 16
+    minimum: int = 8
+    maximum: int = 32
+    decrease: float = 0.5
+
+    def __post_init__(self) -> None:
+        _check_int("window.minimum", self.minimum, 1)
+        _check_int("window.maximum", self.maximum, self.minimum)
+        _check_int("window.initial", self.initial, self.minimum, self.maximum)
+        _check_float("window.decrease", self.decrease, 0.0, 1.0)
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Settings of `DraftStore`.
+
+    Tree shape: every stored sequence is indexed by all its substrings of length <= `max_depth`;
+    a draft matches at most `max_pattern` context tokens, so a draft extends at most
+    `max_depth - match_len` tokens.
+    Drafting (`combine="mix"`): the prompt, live and global tries each draft from their longest
+    context match; path probabilities are mixed with weights 1, `live_weight`, `global_penalty`
+    and the `budget` most probable paths form the draft tree (`combine="best"` keeps the single
+    best-scoring trie's draft instead). A child's probability is its weight share among its
+    siblings times C / (C + `prior`), C = occurrences continuing past the parent; paths below
+    `min_prob` are not proposed; `max_branch` children at most are considered per node.
+    Weighting: a response contributes `recency * exp(reward_weight * clip(advantage))`, where the
+    advantage is group-relative (same prompt, same epoch), and recency is `epoch_decay ** age`.
+    Responses of the open epoch reach the global trie only when the epoch closes unless
+    `global_same_epoch` (so in-flight data of one prompt never drafts for another prompt's group).
+    `history_epochs` keeps only the newest epochs (1 = latest epoch only; None = all).
+    """
+
+    max_depth: int = 24
+    max_pattern: int = 8
+    prompt_prefix: int = 8
+    live_prompt_tokens: int = 1024
+    epoch_decay: float = 0.6
+    history_epochs: Optional[int] = None
+    reward_weight: float = 0.5
+    advantage_clip: float = 2.0
+    use_global: bool = True
+    global_same_epoch: bool = False
+    use_live: bool = True
+    min_prob: float = 0.0
+    prior: float = 1.0
+    max_branch: int = 4
+    global_penalty: float = 1.0
+    live_weight: float = 0.2
+    combine: str = "mix"
+    memory_budget: Optional[int] = None
+    default_length: float = 512.0
+    window: WindowConfig = field(default_factory=WindowConfig)
+
+    def __post_init__(self) -> None:
+        _check_int("max_depth", self.max_depth, 2, 256)
+        _check_int("max_pattern", self.max_pattern, 1, self.max_depth - 1)
+        _check_int("prompt_prefix", self.prompt_prefix, 0)
+        _check_int("live_prompt_tokens", self.live_prompt_tokens, 0)
+        _check_float("epoch_decay", self.epoch_decay, 1e-3, 1.0)
+        if self.history_epochs is not None:
+            _check_int("history_epochs", self.history_epochs, 1)
+        _check_float("reward_weight", self.reward_weight, 0.0, 10.0)
+        _check_float("advantage_clip", self.advantage_clip, 0.0, 10.0)
+        _check_float("min_prob", self.min_prob, 0.0, 1.0)
+        _check_float("prior", self.prior, 0.0, 1e6)
+        _check_int("max_branch", self.max_branch, 1)
+        _check_float("global_penalty", self.global_penalty, 0.0, 1.0)
+        _check_float("live_weight", self.live_weight, 0.0, 1.0)
+        if self.combine not in ("best", "mix"):
+            raise ValueError(f"combine must be 'best' or 'mix', got {self.combine!r}")
+        if self.memory_budget is not None:
+            _check_int("memory_budget", self.memory_budget, 0)
+        _check_float("default_length", self.default_length, 0.0, 1e9)
+        if not isinstance(self.window, WindowConfig):
+            raise ValueError(f"window must be a WindowConfig, got {type(self.window).__name__}")
+
+    @property
+    def chain(self) -> bool:
+        """True when drafts are single chains (one branch per node)."""
+        return self.max_branch == 1

@@ -1,0 +1,103 @@
+"""Per-prompt state: finished-response records, the prompt's history trie and its live trie."""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+from .config import StoreConfig
+from .window import SpecWindow
+
+
+def prompt_key(prompt_token_ids: Sequence[int], prompt_id: Optional[str] = None) -> str:
+    """The explicit prompt id, else a stable hash of the prompt's token ids."""
+    if prompt_id is not None:
+        if not isinstance(prompt_id, str) or not prompt_id:
+            raise ValueError(f"prompt_id must be a non-empty str, got {prompt_id!r}")
+        return prompt_id
+    data = check_tokens(prompt_token_ids, "prompt_token_ids").tobytes()
+    return "h:" + hashlib.blake2b(data, digest_size=12).hexdigest()
+
+
+def check_tokens(tokens: Sequence[int], name: str) -> array:
+    """Token ids as an int32 array; ValueError for non-ints, negatives or ids >= 2**31."""
+    if isinstance(tokens, (str, bytes)):
+        raise ValueError(f"{name} must be a sequence of ints, got {tokens!r:.80}")
+    try:
+        out = array("i", tokens)
+    except (TypeError, OverflowError, ValueError):
+        raise ValueError(f"{name} must be a sequence of ints in [0, 2**31), got {tokens!r:.80}") from None
+    if out and min(out) < 0:
+        raise ValueError(f"{name} has a negative token id {min(out)}")
+    return out
+
+
+@dataclass
+class ResponseRecord:
+    """One finished response held in the history (`seq` = prompt tail + response tokens)."""
+
+    key: str
+    epoch: int
+    sample: int
+    seq: array
+    response_len: int
+    reward: Optional[float] = None
+    factor: float = 1.0
+    weight: int = 0
+    request_id: Optional[str] = None
+    in_global: bool = False
+    alive: bool = True
+
+
+@dataclass
+class ActiveRequest:
+    """A request being generated: its context (prompt tail + generated tokens) and window."""
+
+    request_id: str
+    key: str
+    sample: Optional[int]
+    epoch: int
+    prefix_len: int
+    seq: array
+    window: SpecWindow
+    reward: Optional[float] = None
+    last_depth: int = 0
+
+
+@dataclass
+class PromptHistory:
+    """Everything the store keeps for one prompt."""
+
+    key: str
+    prompt_tail: List[int]
+    tree: object
+    records: Dict[int, List[ResponseRecord]] = field(default_factory=dict)
+    live: Optional[object] = None
+    live_prompt: Optional[array] = None
+    num_active: int = 0
+
+    def num_records(self) -> int:
+        return sum(len(v) for v in self.records.values())
+
+    def find(self, epoch: int, sample: int) -> Optional[ResponseRecord]:
+        for rec in self.records.get(epoch, ()):
+            if rec.sample == sample:
+                return rec
+        return None
+
+    def latest_with_sample(self, sample: int) -> Optional[ResponseRecord]:
+        for epoch in sorted(self.records, reverse=True):
+            rec = self.find(epoch, sample)
+            if rec is not None:
+                return rec
+        return None
+
+    def next_sample(self, epoch: int) -> int:
+        return 1 + max((r.sample for r in self.records.get(epoch, ())), default=-1)
+
+
+def tail_of(prompt_token_ids: Sequence[int], config: StoreConfig) -> List[int]:
+    n = config.prompt_prefix
+    return list(prompt_token_ids[-n:]) if n else []

@@ -1,0 +1,77 @@
+"""Per-prompt response-length statistics and a length predictor for scheduling."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+
+@dataclass(frozen=True)
+class LengthSummary:
+    """Lengths of a prompt's latest epoch, with the change of the mean since the epoch before."""
+
+    epoch: int
+    lengths: Dict[int, int]
+    mean: float
+    max: int
+    trend: float
+
+
+class LengthStats:
+    """Response lengths per (prompt key, epoch, sample).
+
+    Prediction for a known prompt: mean of its latest epoch plus half the epoch-over-epoch trend
+    (damped, lengths drift slowly under RL), floored at 1. Unknown prompts get the mean of all
+    prompts' latest-epoch means, or `default` when nothing is known.
+    """
+
+    def __init__(self, default: float = 512.0) -> None:
+        if default < 0:
+            raise ValueError(f"default length must be >= 0, got {default}")
+        self.default = default
+        self._lengths: Dict[str, Dict[int, Dict[int, int]]] = {}
+
+    def record(self, key: str, epoch: int, sample: int, length: int) -> None:
+        if length < 0:
+            raise ValueError(f"length must be >= 0, got {length}")
+        self._lengths.setdefault(key, {}).setdefault(epoch, {})[sample] = length
+
+    def forget(self, key: str) -> None:
+        self._lengths.pop(key, None)
+
+    def keys(self) -> List[str]:
+        return list(self._lengths)
+
+    def summary(self, key: str) -> Optional[LengthSummary]:
+        epochs = self._lengths.get(key)
+        if not epochs:
+            return None
+        order = sorted(epochs)
+        last = epochs[order[-1]]
+        mean = sum(last.values()) / len(last)
+        trend = 0.0
+        if len(order) >= 2:
+            prev = epochs[order[-2]]
+            trend = mean - sum(prev.values()) / len(prev)
+        return LengthSummary(order[-1], dict(last), mean, max(last.values()), trend)
+
+    def predict(self, key: Optional[str]) -> float:
+        s = self.summary(key) if key is not None else None
+        if s is not None:
+            return max(1.0, s.mean + 0.5 * s.trend)
+        means = [self.summary(k).mean for k in self._lengths]
+        return sum(means) / len(means) if means else self.default
+
+    def to_state(self) -> dict:
+        return {k: {str(e): {str(s): n for s, n in v.items()} for e, v in eps.items()}
+                for k, eps in self._lengths.items()}
+
+    def load_state(self, state: dict) -> None:
+        self._lengths = {k: {int(e): {int(s): int(n) for s, n in v.items()} for e, v in eps.items()}
+                         for k, eps in state.items()}
+
+    def estimate_memory(self) -> int:
+        return sum(100 + 80 * sum(len(v) for v in eps.values()) for eps in self._lengths.values())
+
+    def check_integrity(self) -> bool:
+        return all(n >= 0 for eps in self._lengths.values() for v in eps.values() for n in v.values())

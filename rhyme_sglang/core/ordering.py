@@ -1,0 +1,56 @@
+"""Pure ordering policies: longest-processing-time-first ordering and engine assignment."""
+
+from __future__ import annotations
+
+import heapq
+from typing import List, Sequence, Tuple, TypeVar
+
+T = TypeVar("T")
+
+
+def _check_lengths(items: Sequence, values: Sequence[float], name: str) -> None:
+    if len(items) != len(values):
+        raise ValueError(f"{name} has {len(values)} entries for {len(items)} items")
+    for v in values:
+        if not v >= 0:  # also rejects NaN
+            raise ValueError(f"{name} must be >= 0, got {v!r}")
+
+
+def lpt_order(items: Sequence[T], predicted_lengths: Sequence[float]) -> List[T]:
+    """Items sorted longest predicted first; ties keep their input order."""
+    _check_lengths(items, predicted_lengths, "predicted_lengths")
+    order = sorted(range(len(items)), key=lambda i: -predicted_lengths[i])
+    return [items[i] for i in order]
+
+
+def _check_engines(num_engines: int) -> None:
+    if not isinstance(num_engines, int) or num_engines < 1:
+        raise ValueError(f"num_engines must be an int >= 1, got {num_engines!r}")
+
+
+def assign_groups_lpt(groups: Sequence[T], loads: Sequence[float], num_engines: int) -> List[List[T]]:
+    """Greedy LPT: take groups by decreasing load and give each to the least-loaded engine
+    (lowest index on ties). Returns one list of groups per engine."""
+    _check_engines(num_engines)
+    _check_lengths(groups, loads, "loads")
+    heap: List[Tuple[float, int]] = [(0.0, e) for e in range(num_engines)]
+    out: List[List[T]] = [[] for _ in range(num_engines)]
+    for i in sorted(range(len(groups)), key=lambda i: -loads[i]):
+        total, eng = heapq.heappop(heap)
+        out[eng].append(groups[i])
+        heapq.heappush(heap, (total + loads[i], eng))
+    return out
+
+
+def assign_groups_round_robin(groups: Sequence[T], num_engines: int) -> List[List[T]]:
+    """Group i goes to engine i mod num_engines (the baseline LPT is compared against)."""
+    _check_engines(num_engines)
+    out: List[List[T]] = [[] for _ in range(num_engines)]
+    for i, g in enumerate(groups):
+        out[i % num_engines].append(g)
+    return out
+
+
+def makespan(assignment: Sequence[Sequence[T]], load_of) -> float:
+    """Largest total load over engines, `load_of(group)` giving each group's load."""
+    return max((sum(load_of(g) for g in eng) for eng in assignment), default=0.0)

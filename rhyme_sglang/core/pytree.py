@@ -1,0 +1,177 @@
+"""Pure-Python bounded-depth weighted suffix trie: the reference twin of the native module.
+
+Every stored sequence contributes each of its substrings of length <= `max_depth` once per
+occurrence: the node spelling string s has `count` = number of occurrences of s and `weight` =
+sum of the integer weights of the sequences those occurrences belong to. Integer weights make
+sums exact and independent of insertion order, so two tries holding the same multiset of
+sequences (native or Python, before or after a snapshot) produce identical drafts.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import List, Sequence, Tuple
+
+DraftTuple = Tuple[List[int], List[int], List[float], float, int]
+NODE_BYTES = 120  # rough per-node cost of a Python node (object + dict entry in the parent)
+
+
+class _Node:
+    __slots__ = ("children", "count", "weight")
+
+    def __init__(self) -> None:
+        self.children: dict = {}
+        self.count = 0
+        self.weight = 0
+
+
+def _top_children(node: _Node, max_branch: int):
+    items = node.children.items()
+    if len(node.children) <= max_branch:
+        return sorted(items, key=lambda kv: (-kv[1].weight, kv[0]))
+    return heapq.nsmallest(max_branch, items, key=lambda kv: (-kv[1].weight, kv[0]))
+
+
+class PySuffixTrie:
+    """Weighted suffix trie of bounded depth over a multiset of token sequences."""
+
+    def __init__(self, max_depth: int) -> None:
+        if max_depth < 1:
+            raise ValueError(f"max_depth must be >= 1, got {max_depth}")
+        self.max_depth = max_depth
+        self._root = _Node()
+        self._num_nodes = 0
+
+    @property
+    def num_nodes(self) -> int:
+        return self._num_nodes
+
+    def clear(self) -> None:
+        self._root = _Node()
+        self._num_nodes = 0
+
+    def update(self, seq: Sequence[int], lo: int, dcount: int, dweight: int) -> None:
+        """Add (dcount, dweight) to every substring seq[i:j] with j > lo and j - i <= max_depth.
+
+        `lo=0, dcount=1` inserts a sequence; `lo=old_len` extends one already inserted up to
+        `old_len`; `dcount=-1` with the same weight removes it; `dcount=0` re-weights it.
+        Nodes whose count drops to zero are deleted with their subtrees.
+        """
+        n, depth = len(seq), self.max_depth
+        for i in range(max(0, lo - depth + 1), n):
+            node = self._root
+            for j in range(i, min(n, i + depth)):
+                tok = seq[j]
+                child = node.children.get(tok)
+                if child is None:
+                    if dcount <= 0 or j < lo:
+                        raise ValueError(f"sequence is not stored: missing token {tok} at offset {j}")
+                    child = _Node()
+                    node.children[tok] = child
+                    self._num_nodes += 1
+                if j >= lo:
+                    child.count += dcount
+                    child.weight += dweight
+                    if child.count <= 0:
+                        if child.count < 0 or child.weight != 0:
+                            raise ValueError("removal does not match a stored sequence")
+                        del node.children[tok]
+                        self._num_nodes -= self._subtree_size(child)
+                        break
+                node = child
+
+    @staticmethod
+    def _subtree_size(node: _Node) -> int:
+        size, stack = 0, [node]
+        while stack:
+            cur = stack.pop()
+            size += 1
+            stack.extend(cur.children.values())
+        return size
+
+    def lookup(self, path: Sequence[int]) -> Tuple[int, int]:
+        """(count, weight) of the node spelling `path`; (0, 0) when absent."""
+        node = self._root
+        for tok in path:
+            node = node.children.get(tok)
+            if node is None:
+                return 0, 0
+        return node.count, node.weight
+
+    def draft(self, context: Sequence[int], max_pattern: int, budget: int, min_prob: float,
+              max_branch: int, prior: float = 0.0) -> DraftTuple:
+        """Best-first draft after the longest suffix of `context` (<= max_pattern) with children.
+
+        Returns (token_ids, parents, path_probs, score, match_len); empty when nothing matches.
+        Children are ranked by (weight desc, token asc); the conditional probability of a child is
+        its weight over the sum of its siblings' weights, times C / (C + prior) where C is the
+        number of occurrences continuing past the parent (few occurrences = less certain); nodes are taken in order of path
+        probability (ties: first pushed first) while it is >= min_prob, up to `budget` nodes.
+        """
+        best, match_len = None, 0
+        ctx_len = len(context)
+        for m in range(1, min(max_pattern, ctx_len, self.max_depth - 1) + 1):
+            node = self._root
+            for tok in context[ctx_len - m:]:
+                node = node.children.get(tok)
+                if node is None:
+                    break
+            if node is None:
+                break
+            if node.children:
+                best, match_len = node, m
+        tokens: List[int] = []
+        parents: List[int] = []
+        probs: List[float] = []
+        if best is None or budget <= 0:
+            return tokens, parents, probs, 0.0, 0
+        heap: list = []
+        seq_no = 0
+
+        def push(node: _Node, parent_idx: int, base: float) -> None:
+            nonlocal seq_no
+            total = sum(c.weight for c in node.children.values())
+            support = sum(c.count for c in node.children.values())
+            conf = float(support) / (float(support) + prior)
+            for tok, child in _top_children(node, max_branch):
+                cond = float(child.weight) / float(total) * conf
+                heapq.heappush(heap, (-(base * cond), seq_no, tok, parent_idx, child))
+                seq_no += 1
+
+        push(best, -1, 1.0)
+        score = 0.0
+        while heap and len(tokens) < budget:
+            neg, _, tok, parent_idx, node = heapq.heappop(heap)
+            prob = -neg
+            if prob < min_prob:
+                break
+            tokens.append(tok)
+            parents.append(parent_idx)
+            probs.append(prob)
+            score += prob
+            if node.children:
+                push(node, len(tokens) - 1, prob)
+        return tokens, parents, probs, score, match_len
+
+    def estimate_memory(self) -> int:
+        return 64 + self._num_nodes * NODE_BYTES
+
+    def check_integrity(self) -> bool:
+        """Counts/weights positive, each node >= the sum of its children, depth bounded."""
+        num = 0
+        stack = [(self._root, 0)]
+        while stack:
+            node, depth = stack.pop()
+            if depth > self.max_depth:
+                return False
+            csum = wsum = 0
+            for child in node.children.values():
+                num += 1
+                if child.count <= 0 or child.weight <= 0:
+                    return False
+                csum += child.count
+                wsum += child.weight
+                stack.append((child, depth + 1))
+            if node is not self._root and (csum > node.count or wsum > node.weight):
+                return False
+        return num == self._num_nodes

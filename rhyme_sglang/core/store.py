@@ -1,0 +1,429 @@
+"""DraftStore: the request-lifecycle API over per-prompt, live and global suffix tries."""
+
+from __future__ import annotations
+
+import logging
+import math
+from array import array
+from collections import OrderedDict
+from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
+
+from . import weights as W
+from .config import StoreConfig
+from .combine import mix_draft_py
+from .draft import Draft
+from .history import (ActiveRequest, PromptHistory, ResponseRecord, check_tokens, prompt_key,
+                      tail_of)
+from .lengths import LengthStats
+from .native import make_trie, native_module, resolve_backend
+from .window import SpecWindow
+
+logger = logging.getLogger(__name__)
+RewardTarget = Union[str, Tuple[str, int]]
+RECORD_BYTES = 160
+
+
+class DraftStore:
+    """History-drafted speculation store (engine-agnostic; see the package docstring for use).
+
+    Drafts come from three tries, each matched on the longest suffix of the request's context
+    (prompt tail + generated tokens): the prompt's history (finished responses of earlier epochs
+    and finished siblings), the prompt's live trie (its prompt text and in-flight responses), and a
+    global trie over every prompt's history. The highest-scoring draft wins, the global one
+    scaled by `global_penalty`; `speculate` may change only the request's last-draft bookkeeping.
+    """
+
+    def __init__(self, config: Optional[StoreConfig] = None, backend: str = "auto") -> None:
+        self.config = config or StoreConfig()
+        self.backend = resolve_backend(backend)
+        self._mix = native_module().mix_draft if self.backend == "native" else mix_draft_py
+        self.epoch = 0
+        self.epoch_origin = 0
+        self.lengths = LengthStats(self.config.default_length)
+        self._prompts: "OrderedDict[str, PromptHistory]" = OrderedDict()
+        self._global = self._new_trie()
+        self._requests: Dict[str, ActiveRequest] = {}
+        self._finished: Dict[str, ResponseRecord] = {}
+        self._dirty_open: Set[Tuple[str, int]] = set()
+        self._dirty_closed: Set[Tuple[str, int]] = set()
+        self._num_tokens = 0
+        self._num_records = 0
+        self._pending_global: List[ResponseRecord] = []
+
+    # ----------------------------------------------------------------- lifecycle
+    def start_request(self, request_id: str, prompt_token_ids: Sequence[int],
+                      prompt_id: Optional[str] = None, sample: Optional[int] = None) -> str:
+        """Begin tracking a request; returns the prompt key. Duplicate ids raise ValueError."""
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
+        if request_id in self._requests:
+            raise ValueError(f"request {request_id!r} already started")
+        if sample is not None and (not isinstance(sample, int) or sample < 0):
+            raise ValueError(f"sample must be an int >= 0, got {sample!r}")
+        prompt = check_tokens(prompt_token_ids, "prompt_token_ids")
+        key = prompt_key(prompt, prompt_id)
+        ph = self._touch(key, prompt)
+        req = ActiveRequest(request_id, key, sample, self.epoch, len(ph.prompt_tail),
+                            array("i", ph.prompt_tail), SpecWindow(self.config.window))
+        if self.config.use_live:
+            if ph.live is None:
+                ph.live = self._new_trie()
+                ph.live_prompt = prompt[-self.config.live_prompt_tokens:] \
+                    if self.config.live_prompt_tokens else array("i")
+                ph.live.update(ph.live_prompt, 0, 1, W.WEIGHT_SCALE)
+            ph.live.update(req.seq, 0, 1, W.WEIGHT_SCALE)
+        ph.num_active += 1
+        self._requests[request_id] = req
+        return key
+
+    def add_tokens(self, request_id: str, tokens: Sequence[int]) -> None:
+        """Append generated tokens; in-flight siblings see them through the live trie."""
+        req = self._request(request_id)
+        new = check_tokens(tokens, "tokens")
+        if not new:
+            return
+        old = len(req.seq)
+        req.seq.extend(new)
+        ph = self._prompts[req.key]
+        if ph.live is not None:
+            ph.live.update(req.seq, old, 1, W.WEIGHT_SCALE)
+
+    def finish_request(self, request_id: str, reward: Optional[float] = None, *,
+                       add_to_history: bool = True) -> Optional[ResponseRecord]:
+        """Stop a request; its response joins the prompt's history unless `add_to_history` is
+        False (e.g. replay in history mode adds a whole epoch at once)."""
+        req = self._request(request_id)
+        reward = W.check_reward(reward) if reward is not None else req.reward
+        del self._requests[request_id]
+        ph = self._prompts[req.key]
+        if ph.live is not None:
+            ph.live.update(req.seq, 0, -1, -W.WEIGHT_SCALE)
+        ph.num_active -= 1
+        if ph.num_active == 0:
+            ph.live, ph.live_prompt = None, None
+        if not add_to_history:
+            return None
+        response = req.seq[req.prefix_len:]
+        sample = req.sample if req.sample is not None else ph.next_sample(req.epoch)
+        if ph.find(req.epoch, sample) is not None:
+            sample = ph.next_sample(req.epoch)
+        rec = self._add_record(ph, response, req.epoch, sample, reward, request_id)
+        self._enforce_budget()
+        return rec
+
+    def add_response(self, prompt_id: Optional[str], prompt_token_ids: Sequence[int],
+                     response_token_ids: Sequence[int], epoch: int,
+                     reward: Optional[float] = None,
+                     sample: Optional[int] = None) -> Optional[ResponseRecord]:
+        """Add a whole finished response (replay, trace loading). Returns its record, or None
+        when `epoch` is already outside the kept history window."""
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        if sample is not None and (not isinstance(sample, int) or sample < 0):
+            raise ValueError(f"sample must be an int >= 0, got {sample!r}")
+        reward = W.check_reward(reward)
+        prompt = check_tokens(prompt_token_ids, "prompt_token_ids")
+        response = check_tokens(response_token_ids, "response_token_ids")
+        key = prompt_key(prompt, prompt_id)
+        if self._too_old(epoch):
+            return None
+        ph = self._touch(key, prompt)
+        if sample is None:
+            sample = ph.next_sample(epoch)
+        elif ph.find(epoch, sample) is not None:
+            raise ValueError(f"prompt {key!r} already has a response for epoch {epoch} sample {sample}")
+        rec = self._add_record(ph, response, epoch, sample, reward, None)
+        self._enforce_budget()
+        return rec
+
+    def set_reward(self, target: RewardTarget, reward: float) -> None:
+        """Attach a reward to a finished request id, an active one (applied when it finishes), or
+        `(prompt_id, sample)` (the newest epoch holding that sample)."""
+        reward = W.check_reward(reward)
+        if reward is None:
+            raise ValueError("reward must be a finite number, got None")
+        if isinstance(target, str):
+            if target in self._requests:
+                self._requests[target].reward = reward
+                return
+            rec = self._finished.get(target)
+            if rec is None:
+                raise ValueError(f"unknown request id {target!r}")
+        elif isinstance(target, tuple) and len(target) == 2:
+            key, sample = target
+            ph = self._prompts.get(key)
+            rec = ph.latest_with_sample(sample) if ph is not None else None
+            if rec is None:
+                raise ValueError(f"no stored response for prompt {key!r} sample {sample!r}")
+        else:
+            raise ValueError(f"reward target must be a request id or (prompt_id, sample), got {target!r}")
+        rec.reward = reward
+        self._mark_dirty(rec.key, rec.epoch)
+
+    def advance_epoch(self) -> int:
+        """Close the current epoch: finalize reward weights, apply the history window."""
+        self.epoch += 1
+        self._dirty_closed |= {g for g in self._dirty_open if g[1] < self.epoch}
+        self._dirty_open = {g for g in self._dirty_open if g[1] >= self.epoch}
+        if self.config.history_epochs is not None:
+            for key in list(self._prompts):
+                ph = self._prompts[key]
+                for epoch in sorted(ph.records):
+                    if self._too_old(epoch):
+                        self._evict_epoch(ph, epoch)
+                self._drop_if_empty(ph)
+        if W.needs_rebase(self.epoch, self.epoch_origin, self.config.epoch_decay):
+            self._rebase()
+        self._flush()
+        pending, self._pending_global = self._pending_global, []
+        for rec in pending:
+            if rec.epoch < self.epoch:
+                self._to_global(rec)
+            elif rec.alive:
+                self._pending_global.append(rec)
+        return self.epoch
+
+    # ----------------------------------------------------------------- drafting
+    def speculate(self, request_id: str, max_tokens: int, *, min_prob: Optional[float] = None,
+                  max_branch: Optional[int] = None) -> Draft:
+        """Draft at most min(max_tokens, window) tokens for the request's next positions."""
+        req = self._request(request_id)
+        if not isinstance(max_tokens, int) or max_tokens < 0:
+            raise ValueError(f"max_tokens must be an int >= 0, got {max_tokens!r}")
+        cfg = self.config
+        min_prob = cfg.min_prob if min_prob is None else min_prob
+        max_branch = cfg.max_branch if max_branch is None else max_branch
+        if not 0.0 <= min_prob <= 1.0 or max_branch < 1:
+            raise ValueError(f"need 0 <= min_prob <= 1 and max_branch >= 1, got {min_prob}, {max_branch}")
+        if self._dirty_closed:
+            self._flush()
+        budget = min(max_tokens, req.window.size)
+        best = Draft()
+        if budget > 0:
+            tail = req.seq[-cfg.max_pattern:]
+            ph = self._prompts[req.key]
+            glob = self._global if cfg.use_global else None
+            pat = cfg.max_pattern
+            sources = (("prompt", ph.tree, 1.0, pat), ("live", ph.live, cfg.live_weight, pat),
+                       ("global", glob, cfg.global_penalty, pat))
+            if cfg.combine == "mix":
+                best = self._mixed(tail, sources, budget, min_prob, max_branch)
+            else:
+                best = self._best(tail, sources, budget, min_prob, max_branch)
+        req.last_depth = _depth(best)
+        return best
+
+    def _best(self, tail, sources, budget, min_prob, max_branch) -> Draft:
+        cfg, best, best_score = self.config, Draft(), 0.0
+        for name, tree, scale, pat in sources:
+            if tree is None or scale <= 0:
+                continue
+            toks, parents, probs, score, mlen = tree.draft(tail, pat, budget,
+                                                           min_prob, max_branch, cfg.prior)
+            if toks and score * scale > best_score:
+                best_score = score * scale
+                best = Draft(list(toks), list(parents), list(probs), score, mlen, name)
+        return best
+
+    def _mixed(self, tail, sources, budget, min_prob, max_branch) -> Draft:
+        cfg = self.config
+        tries = [t for _, t, _, _ in sources]
+        weights = [w for _, _, w, _ in sources]
+        toks, parents, probs, score, mlen, used = self._mix(
+            tries, weights, tail, cfg.max_pattern, budget, min_prob, max_branch, cfg.prior)
+        if not toks:
+            return Draft()
+        names = "+".join(n for i, (n, _, _, _) in enumerate(sources) if used >> i & 1)
+        return Draft(list(toks), list(parents), list(probs), score, mlen, names)
+
+    def record_acceptance(self, request_id: str, num_proposed: int, num_accepted: int) -> int:
+        """Feed verification results to the request's window; returns the new window size.
+        For a tree draft, accepting its deepest path counts as full acceptance."""
+        req = self._request(request_id)
+        proposed = num_proposed
+        if 0 < req.last_depth < num_proposed and num_accepted <= req.last_depth:
+            proposed = req.last_depth
+        return req.window.update(proposed, num_accepted)
+
+    def predict_length(self, prompt: Union[str, Sequence[int]]) -> float:
+        """Expected response length for a prompt id or prompt token ids (default if unknown)."""
+        key = prompt if isinstance(prompt, str) else prompt_key(prompt)
+        return self.lengths.predict(key)
+
+    # ----------------------------------------------------------------- introspection
+    @property
+    def num_prompts(self) -> int:
+        return len(self._prompts)
+
+    @property
+    def num_responses(self) -> int:
+        return self._num_records
+
+    @property
+    def active_requests(self) -> Tuple[str, ...]:
+        return tuple(self._requests)
+
+    def window_size(self, request_id: str) -> int:
+        return self._request(request_id).window.size
+
+    def records(self):
+        """All stored response records, least recently used prompt first."""
+        for ph in self._prompts.values():
+            for epoch in sorted(ph.records):
+                yield from ph.records[epoch]
+
+    def estimate_memory(self) -> int:
+        trees = self._global.estimate_memory() + sum(
+            ph.tree.estimate_memory() + (ph.live.estimate_memory() if ph.live is not None else 0)
+            for ph in self._prompts.values())
+        return trees + 4 * self._num_tokens + RECORD_BYTES * self._num_records \
+            + self.lengths.estimate_memory()
+
+    def check_integrity(self) -> bool:
+        trees = [self._global] + [t for ph in self._prompts.values() for t in (ph.tree, ph.live) if t]
+        if not all(t.check_integrity() for t in trees):
+            return False
+        recs = list(self.records())
+        if len(recs) != self._num_records or sum(len(r.seq) for r in recs) != self._num_tokens:
+            return False
+        if any(r.weight < 1 or r.factor <= 0 or r.key not in self._prompts for r in recs):
+            return False
+        if any(ph.num_active != sum(1 for q in self._requests.values() if q.key == k)
+               for k, ph in self._prompts.items()):
+            return False
+        ids = {id(x) for x in recs}
+        if any(not r.alive for r in recs) or any(r.in_global and not self.config.use_global for r in recs):
+            return False
+        return all(id(r) in ids for r in self._finished.values())
+
+    def save(self, path: str) -> None:
+        from .persist import save_store
+        save_store(self, path)
+
+    def load(self, path: str) -> None:
+        """Replace this store's history with a snapshot; on any error the store is unchanged."""
+        from .persist import load_store
+        if self._requests:
+            raise ValueError(f"cannot load a snapshot with active requests {list(self._requests)[:5]}")
+        fresh = load_store(path, self.backend)
+        self.__dict__.update(fresh.__dict__)
+
+    # ----------------------------------------------------------------- internals
+    def _new_trie(self):
+        return make_trie(self.config.max_depth, self.backend)
+
+    def _request(self, request_id: str) -> ActiveRequest:
+        req = self._requests.get(request_id)
+        if req is None:
+            raise ValueError(f"unknown request id {request_id!r}")
+        return req
+
+    def _touch(self, key: str, prompt: array) -> PromptHistory:
+        ph = self._prompts.get(key)
+        if ph is None:
+            ph = PromptHistory(key, tail_of(prompt, self.config), self._new_trie())
+            self._prompts[key] = ph
+        else:
+            self._prompts.move_to_end(key)
+        return ph
+
+    def _too_old(self, epoch: int) -> bool:
+        keep = self.config.history_epochs
+        return keep is not None and epoch < self.epoch - keep
+
+    def _mark_dirty(self, key: str, epoch: int) -> None:
+        (self._dirty_closed if epoch < self.epoch else self._dirty_open).add((key, epoch))
+
+    def _apply(self, rec: ResponseRecord, dcount: int, dweight: int) -> None:
+        self._prompts[rec.key].tree.update(rec.seq, 0, dcount, dweight)
+        if rec.in_global:
+            self._global.update(rec.seq, 0, dcount, dweight)
+
+    def _to_global(self, rec: ResponseRecord) -> None:
+        if self.config.use_global and not rec.in_global and rec.alive:
+            rec.in_global = True
+            self._global.update(rec.seq, 0, 1, rec.weight)
+
+    def _add_record(self, ph: PromptHistory, response: array, epoch: int, sample: int,
+                    reward: Optional[float], request_id: Optional[str]) -> ResponseRecord:
+        seq = array("i", ph.prompt_tail)
+        seq.extend(response)
+        rec = ResponseRecord(ph.key, epoch, sample, seq, len(response), reward, 1.0)
+        rec.weight = W.response_weight(1.0, epoch, self.epoch_origin, self.config.epoch_decay)
+        rec.request_id = request_id
+        self._apply(rec, 1, rec.weight)
+        if epoch < self.epoch or self.config.global_same_epoch:
+            self._to_global(rec)
+        else:
+            self._pending_global.append(rec)
+        ph.records.setdefault(epoch, []).append(rec)
+        self._num_records += 1
+        self._num_tokens += len(seq)
+        if request_id is not None:
+            self._finished[request_id] = rec
+        self.lengths.record(ph.key, epoch, sample, len(response))
+        self._mark_dirty(ph.key, epoch)
+        return rec
+
+    def _flush(self) -> None:
+        """Recompute reward factors of closed groups whose rewards or members changed."""
+        cfg = self.config
+        for key, epoch in sorted(self._dirty_closed):
+            ph = self._prompts.get(key)
+            group = ph.records.get(epoch, []) if ph is not None else []
+            adv = W.group_advantages({i: r.reward for i, r in enumerate(group)})
+            for i, rec in enumerate(group):
+                rec.factor = W.reward_factor(adv[i], cfg.reward_weight, cfg.advantage_clip)
+                new = W.response_weight(rec.factor, rec.epoch, self.epoch_origin, cfg.epoch_decay)
+                if new != rec.weight:
+                    self._apply(rec, 0, new - rec.weight)
+                    rec.weight = new
+        self._dirty_closed.clear()
+
+    def _rebase(self) -> None:
+        """Move the epoch origin forward and rebuild the tries with the smaller weights."""
+        span = int(math.log(W.MAX_RECENCY_FACTOR) / -math.log(self.config.epoch_decay)) // 2
+        self.epoch_origin = max(self.epoch_origin, self.epoch - span)
+        logger.info("rebasing draft-store weights to epoch %d", self.epoch_origin)
+        self._global = self._new_trie()
+        for ph in self._prompts.values():
+            ph.tree = self._new_trie()
+        for rec in self.records():
+            rec.weight = W.response_weight(rec.factor, rec.epoch, self.epoch_origin,
+                                           self.config.epoch_decay)
+            self._apply(rec, 1, rec.weight)
+
+    def _evict_epoch(self, ph: PromptHistory, epoch: int) -> None:
+        for rec in ph.records.pop(epoch, []):
+            self._apply(rec, -1, -rec.weight)
+            rec.alive = False
+            self._num_records -= 1
+            self._num_tokens -= len(rec.seq)
+            if rec.request_id is not None:
+                self._finished.pop(rec.request_id, None)
+        self._dirty_open.discard((ph.key, epoch))
+        self._dirty_closed.discard((ph.key, epoch))
+
+    def _drop_if_empty(self, ph: PromptHistory) -> None:
+        if not ph.records and ph.num_active == 0:
+            del self._prompts[ph.key]
+            self.lengths.forget(ph.key)
+
+    def _enforce_budget(self) -> None:
+        budget = self.config.memory_budget
+        if budget is None:
+            return
+        while self.estimate_memory() > budget:
+            victim = next((ph for ph in self._prompts.values() if ph.records), None)
+            if victim is None:
+                logger.warning("draft store over its memory budget with nothing left to evict")
+                return
+            self._evict_epoch(victim, min(victim.records))
+            self._drop_if_empty(victim)
+
+
+def _depth(draft: Draft) -> int:
+    depth = [0] * len(draft.parents)
+    for i, p in enumerate(draft.parents):
+        depth[i] = 1 + (depth[p] if p >= 0 else 0)
+    return max(depth, default=0)

@@ -1,0 +1,93 @@
+"""Shared fixtures. Engines are expensive (~20 s to start): one per session and config."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def pytest_collection_modifyitems(config, items):
+    missing = {
+        "sglang": None if _has("sglang") else "sglang is not installed (run `make setup`)",
+        "ray": None if _has("ray") else "ray is not installed (run `make setup`)",
+        "gpu": "needs a CUDA GPU",
+    }
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            missing["gpu"] = None
+    except ImportError:
+        pass
+    for item in items:
+        for marker, reason in missing.items():
+            if reason and marker in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_path() -> str:
+    from rhyme_sglang.models import prepare_tiny
+
+    return str(prepare_tiny())
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> str:
+    from rhyme_sglang.models import prepare_smollm2
+
+    return str(prepare_smollm2())
+
+
+class EnginePool:
+    """Starts engines lazily, one per configuration, and shuts them all down at the end."""
+
+    def __init__(self):
+        self._engines = {}
+
+    def get(self, name: str, **kwargs):
+        if name not in self._engines:
+            from rhyme_sglang import Engine
+
+            kwargs.setdefault("log_level", "warning")
+            self._engines[name] = Engine(**kwargs)
+        return self._engines[name]
+
+    def close(self, name: str) -> None:
+        engine = self._engines.pop(name, None)
+        if engine is not None:
+            engine.shutdown()
+
+    def close_all(self) -> None:
+        for name in list(self._engines):
+            self.close(name)
+
+
+@pytest.fixture(scope="session")
+def engines():
+    pool = EnginePool()
+    yield pool
+    pool.close_all()
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(engines, tiny_model_path):
+    return engines.get("tiny", model_path=tiny_model_path, dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def tiny_ngram_engine(engines, tiny_model_path):
+    return engines.get(
+        "tiny-ngram", model_path=tiny_model_path, dtype="float32",
+        speculative_algorithm="NGRAM", speculative_num_draft_tokens=4,
+    )

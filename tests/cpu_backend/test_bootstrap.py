@@ -1,0 +1,103 @@
+"""The CPU backend hook: cheap at start-up, never shadows a real sgl_kernel, fails loudly."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+
+def _run(code: str, env_extra: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
+    import os
+
+    env = dict(os.environ, **(env_extra or {}))
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, env=env, cwd=cwd, timeout=120)
+
+
+def test_hook_imports_nothing_heavy():
+    r = _run("""
+        import sys
+        import rhyme_sglang.cpu_backend.bootstrap as b
+        b.install()
+        heavy = [m for m in ("torch", "sglang", "numpy", "ray") if m in sys.modules]
+        assert not heavy, heavy
+        print("ok")
+    """)
+    assert r.returncode == 0, r.stderr
+    assert "ok" in r.stdout
+
+
+def test_standin_resolves_when_no_real_sgl_kernel():
+    r = _run("""
+        import rhyme_sglang.cpu_backend.bootstrap as b
+        b.install()
+        import sgl_kernel, torch
+        assert sgl_kernel.__rhyme_cpu_standin__
+        assert hasattr(torch.ops.sgl_kernel, "extend_attention_cpu")
+        assert not hasattr(torch.ops.sgl_kernel, "convert_weight_packed")
+        from sgl_kernel.speculative import reconstruct_indices_from_tree_mask
+        try:
+            from sgl_kernel.scalar_type import scalar_types
+        except ImportError:
+            print("scalar_type absent")
+        try:
+            from sgl_kernel import no_such_op
+        except ImportError:
+            print("unknown absent")
+        try:
+            sgl_kernel.rotate_input_ids_cpu()
+        except NotImplementedError as e:
+            assert "rotate_input_ids_cpu" in str(e)
+            print("named")
+    """)
+    assert r.returncode == 0, r.stderr
+    assert "scalar_type absent" in r.stdout and "unknown absent" in r.stdout and "named" in r.stdout
+
+
+def test_real_sgl_kernel_wins(tmp_path):
+    fake = tmp_path / "sgl_kernel"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("REAL = True\n")
+    r = _run("""
+        import rhyme_sglang.cpu_backend.bootstrap as b
+        b.install()
+        assert not b.standin_active()
+        import sgl_kernel
+        assert sgl_kernel.REAL and not hasattr(sgl_kernel, "__rhyme_cpu_standin__")
+        print("ok")
+    """, env_extra={"PYTHONPATH": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+
+
+def test_disable_switch():
+    r = _run("""
+        import sys
+        sys.meta_path[:] = [f for f in sys.meta_path if type(f).__module__ != "rhyme_sglang.cpu_backend.bootstrap"]
+        import rhyme_sglang.cpu_backend.bootstrap as b
+        b.install()
+        assert not any(isinstance(f, b.StandinFinder) for f in sys.meta_path)
+        print("ok")
+    """, env_extra={"RHYME_CPU_BACKEND": "0"})
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.sglang
+def test_patches_apply_in_a_fresh_process():
+    r = _run("""
+        import os
+        os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
+        from rhyme_sglang import cpu_backend
+        cpu_backend.activate()
+        from sglang.srt.speculative import eagle_utils
+        from sglang.srt.arg_groups import overrides
+        from rhyme_sglang.cpu_backend import patches
+        assert patches.APPLIED == {"keep_intel_amx_attention", "lossless_sampling_verify"}, patches.APPLIED
+        assert eagle_utils.tree_speculative_sampling_target_only is not None
+        assert not eagle_utils._verify_uses_greedy(is_all_greedy=False, is_cpu=True, is_hip=False,
+                                                   is_xpu=False, use_rejection_sampling=False)
+        print("ok")
+    """)
+    assert r.returncode == 0, r.stderr[-3000:]

@@ -1,0 +1,108 @@
+"""Exact accept/resample probabilities of the lossless tree verification op."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rhyme_sglang.cpu_backend.sampling import (
+    sample_residual,
+    top_k_renorm_prob,
+    top_p_renorm_prob,
+    tree_speculative_sampling_target_only,
+)
+
+
+def _run(probs, candidates, next_token, next_sibling, coins, final_coin, num_spec):
+    """One request: probs [n, V]; returns (num_accepted, predicts list, accept_index list)."""
+    n = len(candidates)
+    predicts = torch.full((n,), -1, dtype=torch.int32)
+    accept_index = torch.full((1, num_spec), -1, dtype=torch.int32)
+    accept_num = torch.zeros(1, dtype=torch.int32)
+    tree_speculative_sampling_target_only(
+        predicts, accept_index, accept_num,
+        torch.tensor([candidates]), torch.arange(n).view(1, n),
+        torch.tensor([next_token]), torch.tensor([next_sibling]),
+        torch.tensor([coins], dtype=torch.float32), torch.tensor([final_coin]),
+        probs.view(1, n, -1), torch.zeros(1, n, probs.shape[-1]),
+    )
+    return int(accept_num[0]), predicts.tolist(), accept_index[0].tolist()
+
+
+P_ROOT = torch.tensor([0.5, 0.2, 0.2, 0.1])
+P_NODE1 = torch.tensor([0.1, 0.1, 0.3, 0.5])
+
+
+def test_chain_accepts_exactly_when_coin_below_p():
+    probs = torch.stack([P_ROOT, P_NODE1])
+    # chain root -> node1 (token 1, p_root(1) = 0.2)
+    acc, pred, idx = _run(probs, [9, 1], [1, -1], [-1, -1], [0.19, 0.0], 0.0, num_spec=2)
+    assert acc == 1 and pred[0] == 1 and idx == [0, 1]
+    acc, pred, idx = _run(probs, [9, 1], [1, -1], [-1, -1], [0.21, 0.0], 0.0, num_spec=2)
+    assert acc == 0 and idx == [0, -1]
+    assert pred[0] != 1  # the rejected draft token is never re-emitted
+
+
+def test_bonus_after_full_acceptance_samples_leaf_distribution():
+    probs = torch.stack([P_ROOT, P_NODE1])
+    # coin 0.95 into P_NODE1's CDF [0.1, 0.2, 0.5, 1.0] -> token 3
+    acc, pred, _ = _run(probs, [9, 1], [1, -1], [-1, -1], [0.0, 0.0], 0.95, num_spec=2)
+    assert acc == 1 and pred[1] == 3
+
+
+def test_siblings_use_cumulative_coin_and_residual_excludes_rejected():
+    probs = torch.stack([P_ROOT, P_NODE1, P_NODE1])
+    # root has children node1 (token 0, p=.5) and node2 (token 2, p=.2)
+    tree = dict(candidates=[9, 0, 2], next_token=[1, -1, -1], next_sibling=[-1, 2, -1])
+    acc, pred, idx = _run(probs, coins=[0.6, 0, 0], final_coin=0.0, num_spec=2, **tree)
+    assert acc == 1 and idx[1] == 2 and pred[0] == 2  # 0.5 <= 0.6 < 0.7
+    acc, pred, idx = _run(probs, coins=[0.75, 0, 0], final_coin=0.0, num_spec=2, **tree)
+    assert acc == 0
+    # residual is p_root with tokens 0 and 2 zeroed: {1: .2, 3: .1}; coin 0 -> token 1
+    assert pred[0] == 1
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_emitted_token_distribution_is_exactly_target(seed):
+    """Monte Carlo over coins: the first emitted token is distributed as p_root."""
+    gen = torch.Generator().manual_seed(seed)
+    probs = torch.stack([P_ROOT, P_NODE1, P_NODE1])
+    tree = dict(candidates=[9, 1, 3], next_token=[1, -1, -1], next_sibling=[-1, 2, -1])
+    trials = 20000
+    counts = torch.zeros(4)
+    for _ in range(trials):
+        coins = torch.rand(3, generator=gen).tolist()
+        final = float(torch.rand(1, generator=gen))
+        acc, pred, _ = _run(probs, coins=coins, final_coin=final, num_spec=2, **tree)
+        counts[pred[0]] += 1
+    freq = counts / trials
+    assert torch.allclose(freq, P_ROOT, atol=0.012), freq
+
+
+def test_lossy_thresholds_are_refused():
+    with pytest.raises(ValueError, match="threshold"):
+        tree_speculative_sampling_target_only(
+            torch.zeros(2, dtype=torch.int32), torch.zeros(1, 2, dtype=torch.int32),
+            torch.zeros(1, dtype=torch.int32), torch.zeros(1, 2, dtype=torch.long),
+            torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 2, dtype=torch.long),
+            torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, 2), torch.zeros(1),
+            torch.zeros(1, 2, 4), None, threshold_single=0.9,
+        )
+
+
+def test_renorms_match_sglang_torch_sampler_sets():
+    probs = torch.tensor([[0.4, 0.3, 0.2, 0.1]])
+    assert torch.allclose(top_k_renorm_prob(probs, torch.tensor([2])),
+                          torch.tensor([[0.4 / 0.7, 0.3 / 0.7, 0.0, 0.0]]))
+    # top_p 0.6: exclusive masses 0, .4, .7, .9 -> keep first two
+    assert torch.allclose(top_p_renorm_prob(probs, torch.tensor([0.6])),
+                          torch.tensor([[0.4 / 0.7, 0.3 / 0.7, 0.0, 0.0]]))
+    assert torch.allclose(top_p_renorm_prob(probs, 1.0), probs)
+
+
+def test_sample_residual_never_picks_zero_mass():
+    dist = torch.tensor([0.0, 0.3, 0.0, 0.7])
+    picks = {sample_residual(dist, c / 100) for c in range(100)}
+    assert picks == {1, 3}
+    with pytest.raises(ValueError):
+        sample_residual(torch.zeros(3), 0.5)
