@@ -50,7 +50,13 @@ def smollm2_path() -> str:
 
 
 class EnginePool:
-    """Starts engines lazily, one per configuration, and shuts them all down at the end."""
+    """Starts engines lazily, one per configuration, and shuts them all down at the end.
+
+    sglang keeps server arguments in process-global state, so two live engines with
+    different configurations in one process interfere: only one engine is alive at a time
+    (getting another shuts the current one down). Tests that compare configurations
+    compute the baseline first, then switch.
+    """
 
     def __init__(self):
         self._engines = {}
@@ -58,6 +64,8 @@ class EnginePool:
     def get(self, name: str, **kwargs):
         if name not in self._engines:
             from rhyme_sglang import Engine
+
+            self.close_all()
 
             kwargs.setdefault("log_level", "warning")
             self._engines[name] = Engine(**kwargs)
@@ -80,14 +88,22 @@ def engines():
     pool.close_all()
 
 
-@pytest.fixture(scope="session")
-def tiny_engine(engines, tiny_model_path):
-    return engines.get("tiny", model_path=tiny_model_path, dtype="float32")
+TINY_CONFIGS = {
+    "tiny": {},
+    "tiny-ngram": {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 4},
+}
 
 
 @pytest.fixture(scope="session")
-def tiny_ngram_engine(engines, tiny_model_path):
-    return engines.get(
-        "tiny-ngram", model_path=tiny_model_path, dtype="float32",
-        speculative_algorithm="NGRAM", speculative_num_draft_tokens=4,
-    )
+def tiny(engines, tiny_model_path):
+    """``tiny(name)`` -> the live engine for that configuration (see ``TINY_CONFIGS``)."""
+
+    def get(name: str = "tiny"):
+        return engines.get(name, model_path=tiny_model_path, dtype="float32", **TINY_CONFIGS[name])
+
+    return get
+
+
+@pytest.fixture()
+def tiny_engine(tiny):
+    return tiny("tiny")

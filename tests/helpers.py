@@ -13,14 +13,20 @@ def hf_greedy(model_path: str, prompts: list[list[int]], max_new_tokens: int, dt
 
     if model is None:
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype))
+    import copy
+
     model.eval()
+    config = copy.deepcopy(model.generation_config)
+    config.eos_token_id = None  # like ignore_eos: never stop, never suppress EOS
+    config.pad_token_id = 0
+    config.do_sample = False
     outs = []
     with torch.no_grad():
         for prompt in prompts:
             ids = torch.tensor([prompt])
             gen = model.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                min_new_tokens=max_new_tokens, do_sample=False, pad_token_id=0,
+                ids, attention_mask=torch.ones_like(ids), generation_config=config,
+                max_new_tokens=max_new_tokens,
             )
             outs.append(gen[0, len(prompt):].tolist())
     return outs

@@ -40,7 +40,8 @@ class StoreConfig:
 
     Tree shape: every stored sequence is indexed by all its substrings of length <= `max_depth`;
     a draft matches at most `max_pattern` context tokens, so a draft extends at most
-    `max_depth - match_len` tokens.
+    `max_depth - match_len` tokens. The global trie may be shallower (`global_depth`, None = max_depth):
+    it mostly serves shared template text and is the largest structure.
     Drafting (`combine="mix"`): the prompt, live and global tries each draft from their longest
     context match; path probabilities are mixed with weights 1, `live_weight`, `global_penalty`
     and the `budget` most probable paths form the draft tree (`combine="best"` keeps the single
@@ -51,11 +52,14 @@ class StoreConfig:
     advantage is group-relative (same prompt, same epoch), and recency is `epoch_decay ** age`.
     Responses of the open epoch reach the global trie only when the epoch closes unless
     `global_same_epoch` (so in-flight data of one prompt never drafts for another prompt's group).
+    `memory_budget` (bytes) bounds `DraftStore.history_bytes()`: prompt and global tries plus
+    response records; over it, the least recently used prompt loses its oldest epoch, repeatedly.
     `history_epochs` keeps only the newest epochs (1 = latest epoch only; None = all).
     """
 
     max_depth: int = 24
     max_pattern: int = 8
+    global_depth: Optional[int] = 16
     prompt_prefix: int = 8
     live_prompt_tokens: int = 1024
     epoch_decay: float = 0.6
@@ -78,6 +82,8 @@ class StoreConfig:
     def __post_init__(self) -> None:
         _check_int("max_depth", self.max_depth, 2, 256)
         _check_int("max_pattern", self.max_pattern, 1, self.max_depth - 1)
+        if self.global_depth is not None:
+            _check_int("global_depth", self.global_depth, self.max_pattern + 1, 256)
         _check_int("prompt_prefix", self.prompt_prefix, 0)
         _check_int("live_prompt_tokens", self.live_prompt_tokens, 0)
         _check_float("epoch_decay", self.epoch_decay, 1e-3, 1.0)

@@ -63,7 +63,7 @@ class ActiveRequest:
     seq: array
     window: SpecWindow
     reward: Optional[float] = None
-    last_depth: int = 0
+    last_draft: Optional[object] = None
 
 
 @dataclass

@@ -115,6 +115,7 @@ def load_store(path: str, backend: str = "auto"):
                 store._finished[rec.request_id] = rec
             if not rec.in_global:
                 store._pending_global.append(rec)
+        store._recount_trie_bytes()
         store._dirty_open = {(k, int(e)) for k, e in state["dirty_open"]}
         store.lengths.load_state(state["lengths"])
     except (KeyError, TypeError, ValueError) as exc:

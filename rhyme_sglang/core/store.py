@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 from array import array
 from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
@@ -16,21 +15,23 @@ from .history import (ActiveRequest, PromptHistory, ResponseRecord, check_tokens
                       tail_of)
 from .lengths import LengthStats
 from .native import make_trie, native_module, resolve_backend
+from .upkeep import HistoryUpkeep
 from .window import SpecWindow
 
 logger = logging.getLogger(__name__)
 RewardTarget = Union[str, Tuple[str, int]]
-RECORD_BYTES = 160
 
 
-class DraftStore:
+class DraftStore(HistoryUpkeep):
     """History-drafted speculation store (engine-agnostic; see the package docstring for use).
 
     Drafts come from three tries, each matched on the longest suffix of the request's context
     (prompt tail + generated tokens): the prompt's history (finished responses of earlier epochs
     and finished siblings), the prompt's live trie (its prompt text and in-flight responses), and a
-    global trie over every prompt's history. The highest-scoring draft wins, the global one
-    scaled by `global_penalty`; `speculate` may change only the request's last-draft bookkeeping.
+    global trie over every prompt's history. Their drafts are mixed into one tree (see
+    `StoreConfig`). `speculate` changes only the request's last-draft bookkeeping (and applies
+    pending reward re-weighting of closed epochs); it is always safe to call and never raises for
+    a known request with a valid budget. Not thread-safe: one caller (the scheduler) at a time.
     """
 
     def __init__(self, config: Optional[StoreConfig] = None, backend: str = "auto") -> None:
@@ -41,7 +42,7 @@ class DraftStore:
         self.epoch_origin = 0
         self.lengths = LengthStats(self.config.default_length)
         self._prompts: "OrderedDict[str, PromptHistory]" = OrderedDict()
-        self._global = self._new_trie()
+        self._global = self._new_trie(self.config.global_depth)
         self._requests: Dict[str, ActiveRequest] = {}
         self._finished: Dict[str, ResponseRecord] = {}
         self._dirty_open: Set[Tuple[str, int]] = set()
@@ -49,6 +50,7 @@ class DraftStore:
         self._num_tokens = 0
         self._num_records = 0
         self._pending_global: List[ResponseRecord] = []
+        self._trie_bytes = self._global.estimate_memory()
 
     # ----------------------------------------------------------------- lifecycle
     def start_request(self, request_id: str, prompt_token_ids: Sequence[int],
@@ -101,7 +103,7 @@ class DraftStore:
         ph.num_active -= 1
         if ph.num_active == 0:
             ph.live, ph.live_prompt = None, None
-        if not add_to_history:
+        if not add_to_history or self._too_old(req.epoch):
             return None
         response = req.seq[req.prefix_len:]
         sample = req.sample if req.sample is not None else ph.next_sample(req.epoch)
@@ -210,7 +212,7 @@ class DraftStore:
                 best = self._mixed(tail, sources, budget, min_prob, max_branch)
             else:
                 best = self._best(tail, sources, budget, min_prob, max_branch)
-        req.last_depth = _depth(best)
+        req.last_draft = best
         return best
 
     def _best(self, tail, sources, budget, min_prob, max_branch) -> Draft:
@@ -218,8 +220,8 @@ class DraftStore:
         for name, tree, scale, pat in sources:
             if tree is None or scale <= 0:
                 continue
-            toks, parents, probs, score, mlen = tree.draft(tail, pat, budget,
-                                                           min_prob, max_branch, cfg.prior)
+            toks, parents, probs, score, mlen = tree.draft(tail, pat, budget, min_prob,
+                                                           max_branch, cfg.prior)
             if toks and score * scale > best_score:
                 best_score = score * scale
                 best = Draft(list(toks), list(parents), list(probs), score, mlen, name)
@@ -234,15 +236,16 @@ class DraftStore:
         if not toks:
             return Draft()
         names = "+".join(n for i, (n, _, _, _) in enumerate(sources) if used >> i & 1)
-        return Draft(list(toks), list(parents), list(probs), score, mlen, names)
+        return Draft(toks, parents, probs, score, mlen, names)
 
     def record_acceptance(self, request_id: str, num_proposed: int, num_accepted: int) -> int:
         """Feed verification results to the request's window; returns the new window size.
         For a tree draft, accepting its deepest path counts as full acceptance."""
         req = self._request(request_id)
         proposed = num_proposed
-        if 0 < req.last_depth < num_proposed and num_accepted <= req.last_depth:
-            proposed = req.last_depth
+        depth = _depth(req.last_draft) if req.last_draft is not None else 0
+        if 0 < depth < num_proposed and num_accepted <= depth:
+            proposed = depth
         return req.window.update(proposed, num_accepted)
 
     def predict_length(self, prompt: Union[str, Sequence[int]]) -> float:
@@ -273,17 +276,18 @@ class DraftStore:
                 yield from ph.records[epoch]
 
     def estimate_memory(self) -> int:
-        trees = self._global.estimate_memory() + sum(
-            ph.tree.estimate_memory() + (ph.live.estimate_memory() if ph.live is not None else 0)
-            for ph in self._prompts.values())
-        return trees + 4 * self._num_tokens + RECORD_BYTES * self._num_records \
-            + self.lengths.estimate_memory()
+        """History bytes (what `memory_budget` bounds) plus live tries and length statistics."""
+        live = sum(ph.live.estimate_memory() for ph in self._prompts.values() if ph.live is not None)
+        return self.history_bytes() + live + self.lengths.estimate_memory()
 
     def check_integrity(self) -> bool:
         trees = [self._global] + [t for ph in self._prompts.values() for t in (ph.tree, ph.live) if t]
         if not all(t.check_integrity() for t in trees):
             return False
         recs = list(self.records())
+        if self._trie_bytes != self._global.estimate_memory() + sum(
+                ph.tree.estimate_memory() for ph in self._prompts.values()):
+            return False
         if len(recs) != self._num_records or sum(len(r.seq) for r in recs) != self._num_tokens:
             return False
         if any(r.weight < 1 or r.factor <= 0 or r.key not in self._prompts for r in recs):
@@ -309,8 +313,8 @@ class DraftStore:
         self.__dict__.update(fresh.__dict__)
 
     # ----------------------------------------------------------------- internals
-    def _new_trie(self):
-        return make_trie(self.config.max_depth, self.backend)
+    def _new_trie(self, depth: Optional[int] = None):
+        return make_trie(depth or self.config.max_depth, self.backend)
 
     def _request(self, request_id: str) -> ActiveRequest:
         req = self._requests.get(request_id)
@@ -323,103 +327,10 @@ class DraftStore:
         if ph is None:
             ph = PromptHistory(key, tail_of(prompt, self.config), self._new_trie())
             self._prompts[key] = ph
+            self._trie_bytes += ph.tree.estimate_memory()
         else:
             self._prompts.move_to_end(key)
         return ph
-
-    def _too_old(self, epoch: int) -> bool:
-        keep = self.config.history_epochs
-        return keep is not None and epoch < self.epoch - keep
-
-    def _mark_dirty(self, key: str, epoch: int) -> None:
-        (self._dirty_closed if epoch < self.epoch else self._dirty_open).add((key, epoch))
-
-    def _apply(self, rec: ResponseRecord, dcount: int, dweight: int) -> None:
-        self._prompts[rec.key].tree.update(rec.seq, 0, dcount, dweight)
-        if rec.in_global:
-            self._global.update(rec.seq, 0, dcount, dweight)
-
-    def _to_global(self, rec: ResponseRecord) -> None:
-        if self.config.use_global and not rec.in_global and rec.alive:
-            rec.in_global = True
-            self._global.update(rec.seq, 0, 1, rec.weight)
-
-    def _add_record(self, ph: PromptHistory, response: array, epoch: int, sample: int,
-                    reward: Optional[float], request_id: Optional[str]) -> ResponseRecord:
-        seq = array("i", ph.prompt_tail)
-        seq.extend(response)
-        rec = ResponseRecord(ph.key, epoch, sample, seq, len(response), reward, 1.0)
-        rec.weight = W.response_weight(1.0, epoch, self.epoch_origin, self.config.epoch_decay)
-        rec.request_id = request_id
-        self._apply(rec, 1, rec.weight)
-        if epoch < self.epoch or self.config.global_same_epoch:
-            self._to_global(rec)
-        else:
-            self._pending_global.append(rec)
-        ph.records.setdefault(epoch, []).append(rec)
-        self._num_records += 1
-        self._num_tokens += len(seq)
-        if request_id is not None:
-            self._finished[request_id] = rec
-        self.lengths.record(ph.key, epoch, sample, len(response))
-        self._mark_dirty(ph.key, epoch)
-        return rec
-
-    def _flush(self) -> None:
-        """Recompute reward factors of closed groups whose rewards or members changed."""
-        cfg = self.config
-        for key, epoch in sorted(self._dirty_closed):
-            ph = self._prompts.get(key)
-            group = ph.records.get(epoch, []) if ph is not None else []
-            adv = W.group_advantages({i: r.reward for i, r in enumerate(group)})
-            for i, rec in enumerate(group):
-                rec.factor = W.reward_factor(adv[i], cfg.reward_weight, cfg.advantage_clip)
-                new = W.response_weight(rec.factor, rec.epoch, self.epoch_origin, cfg.epoch_decay)
-                if new != rec.weight:
-                    self._apply(rec, 0, new - rec.weight)
-                    rec.weight = new
-        self._dirty_closed.clear()
-
-    def _rebase(self) -> None:
-        """Move the epoch origin forward and rebuild the tries with the smaller weights."""
-        span = int(math.log(W.MAX_RECENCY_FACTOR) / -math.log(self.config.epoch_decay)) // 2
-        self.epoch_origin = max(self.epoch_origin, self.epoch - span)
-        logger.info("rebasing draft-store weights to epoch %d", self.epoch_origin)
-        self._global = self._new_trie()
-        for ph in self._prompts.values():
-            ph.tree = self._new_trie()
-        for rec in self.records():
-            rec.weight = W.response_weight(rec.factor, rec.epoch, self.epoch_origin,
-                                           self.config.epoch_decay)
-            self._apply(rec, 1, rec.weight)
-
-    def _evict_epoch(self, ph: PromptHistory, epoch: int) -> None:
-        for rec in ph.records.pop(epoch, []):
-            self._apply(rec, -1, -rec.weight)
-            rec.alive = False
-            self._num_records -= 1
-            self._num_tokens -= len(rec.seq)
-            if rec.request_id is not None:
-                self._finished.pop(rec.request_id, None)
-        self._dirty_open.discard((ph.key, epoch))
-        self._dirty_closed.discard((ph.key, epoch))
-
-    def _drop_if_empty(self, ph: PromptHistory) -> None:
-        if not ph.records and ph.num_active == 0:
-            del self._prompts[ph.key]
-            self.lengths.forget(ph.key)
-
-    def _enforce_budget(self) -> None:
-        budget = self.config.memory_budget
-        if budget is None:
-            return
-        while self.estimate_memory() > budget:
-            victim = next((ph for ph in self._prompts.values() if ph.records), None)
-            if victim is None:
-                logger.warning("draft store over its memory budget with nothing left to evict")
-                return
-            self._evict_epoch(victim, min(victim.records))
-            self._drop_if_empty(victim)
 
 
 def _depth(draft: Draft) -> int:

@@ -45,9 +45,8 @@ class TraceRecord:
             raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, got {self.finish_reason!r}")
 
 
-def _open(path: str, mode: str):
-    return gzip.open(path, mode + "t", encoding="utf-8") if path.endswith(".gz") \
-        else open(path, mode, encoding="utf-8")
+def _open(path: str, mode: str, gz: bool):
+    return gzip.open(path, mode + "t", encoding="utf-8") if gz else open(path, mode, encoding="utf-8")
 
 
 def parse_line(line: str, where: str = "line") -> TraceRecord:
@@ -69,7 +68,7 @@ def parse_line(line: str, where: str = "line") -> TraceRecord:
 
 def iter_trace(path: str) -> Iterator[TraceRecord]:
     """Records of a trace file in file order; ValueError names the first bad line."""
-    with _open(path, "r") as fh:
+    with _open(path, "r", path.endswith(".gz")) as fh:
         for i, line in enumerate(fh, 1):
             if line.strip():
                 yield parse_line(line, f"{path}:{i}")
@@ -92,7 +91,7 @@ def write_trace(path: str, records: Iterable[TraceRecord]) -> int:
     tmp = f"{path}.tmp.{os.getpid()}"
     n = 0
     try:
-        with _open(tmp, "w") as fh:
+        with _open(tmp, "w", path.endswith(".gz")) as fh:
             for rec in records:
                 if not isinstance(rec, TraceRecord):
                     rec = TraceRecord(**rec)

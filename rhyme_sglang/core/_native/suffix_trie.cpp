@@ -188,9 +188,10 @@ class SuffixTrie {
     return out;
   }
 
+  // Bytes the live nodes need (node record + edge-table share at the nominal load); freed nodes
+  // are reused by later inserts, so this is what eviction can reclaim.
   int64_t estimate_memory() const {
-    return static_cast<int64_t>(nodes_.capacity() * sizeof(Node) + free_.capacity() * 4 +
-                                keys_.capacity() * 8 + vals_.capacity() * 4 + 128);
+    return 128 + num_nodes_ * static_cast<int64_t>(sizeof(Node) + 24);
   }
 
   bool check_integrity() const {
@@ -204,7 +205,7 @@ class SuffixTrie {
       for (int32_t c = nodes_[node].first_child; c != NIL; c = nodes_[c].next_sib) {
         const Node& cn = nodes_[c];
         if (cn.count <= 0 || cn.weight <= 0 || cn.parent != node) return false;
-        if (find(node, cn.token) != c) return false;
+        if (find(node, cn.token) != c || find_hashed(node, cn.token) != c) return false;
         if (cn.next_sib != NIL && nodes_[cn.next_sib].prev_sib != c) return false;
         csum += cn.count;
         wsum += cn.weight;
@@ -233,7 +234,20 @@ class SuffixTrie {
     return (static_cast<uint64_t>(static_cast<uint32_t>(parent)) << 32) | static_cast<uint32_t>(tok);
   }
 
+  // Short sibling lists are scanned directly (most suffix-trie nodes have one or two children);
+  // the edge hash table answers for wide nodes.
   int32_t find(int32_t parent, int32_t tok) const {
+    int32_t c = nodes_[parent].first_child;
+    for (int i = 0; i < 4; ++i) {
+      if (c == NIL) return NIL;
+      if (nodes_[c].token == tok) return c;
+      c = nodes_[c].next_sib;
+    }
+    if (c == NIL) return NIL;
+    return find_hashed(parent, tok);
+  }
+
+  int32_t find_hashed(int32_t parent, int32_t tok) const {
     const uint64_t key = key_of(parent, tok);
     size_t mask = keys_.size() - 1, h = mix64(key) & mask;
     while (true) {
@@ -262,9 +276,9 @@ class SuffixTrie {
   }
 
   void maybe_rehash() {
-    if ((used_ + tombs_ + 1) * 2 <= keys_.size()) return;
+    if ((used_ + tombs_ + 1) * 10 <= keys_.size() * 7) return;  // load factor <= 0.7
     size_t cap = keys_.size();
-    while ((used_ + 1) * 4 > cap) cap *= 2;  // keep the load at most ~1/4 after a rehash
+    while ((used_ + 1) * 20 > cap * 7) cap *= 2;  // at most 0.35 right after a rehash
     std::vector<uint64_t> old_keys(cap, EMPTY);
     std::vector<int32_t> old_vals(cap, NIL);
     old_keys.swap(keys_);

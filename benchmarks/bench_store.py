@@ -1,0 +1,119 @@
+"""Speed of the draft store: insert throughput and speculate latency, native vs pure Python.
+
+Synthetic rollouts: each prompt has a base response (Zipf-distributed tokens); its G samples copy
+the base with edits (a run of 1-5 tokens replaced at a per-token rate), like sibling samples
+that mostly agree. Seeded; a warm-up pass runs first; one summary line per backend plus JSON.
+
+    python -m benchmarks.bench_store [--responses 10000] [--length 500] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import resource
+import statistics
+import time
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from rhyme_sglang.core import DraftStore, StoreConfig
+from rhyme_sglang.core.native import native_available
+
+logger = logging.getLogger("benchmarks.bench_store")
+
+
+def make_rollouts(num_responses: int, length: int, group: int, edit_rate: float, seed: int):
+    """[(prompt_id, prompt_ids, response_ids)] with `group` samples per prompt."""
+    rng = np.random.default_rng(seed)
+    vocab = 32000
+    out = []
+    for p in range((num_responses + group - 1) // group):
+        base = (rng.zipf(1.3, size=length) % vocab).astype(np.int32)
+        prompt = (rng.zipf(1.3, size=64) % vocab).astype(np.int32)
+        for _ in range(group):
+            if len(out) == num_responses:
+                break
+            resp = base.copy()
+            for pos in np.flatnonzero(rng.random(length) < edit_rate):
+                run = int(rng.integers(1, 6))
+                resp[pos:pos + run] = rng.integers(0, vocab, size=len(resp[pos:pos + run]))
+            out.append((f"p{p}", prompt.tolist(), resp.tolist()))
+    return out
+
+
+def bench_backend(backend: str, rollouts, num_queries: int, seed: int) -> dict:
+    store = DraftStore(StoreConfig(), backend=backend)
+    warm = DraftStore(StoreConfig(), backend=backend)
+    for pid, prompt, resp in rollouts[:50]:
+        warm.add_response(pid, prompt, resp, 0)
+    tokens = sum(len(r) for _, _, r in rollouts)
+    t0 = time.perf_counter()
+    for pid, prompt, resp in rollouts:
+        store.add_response(pid, prompt, resp, 0)
+    insert_s = time.perf_counter() - t0
+    store.advance_epoch()
+    rng = np.random.default_rng(seed + 1)
+    lat: List[float] = []
+    for q in range(num_queries):
+        pid, prompt, resp = rollouts[int(rng.integers(len(rollouts)))]
+        rid = f"q{q}"
+        store.start_request(rid, prompt, pid)
+        cut = int(rng.integers(1, len(resp)))
+        store.add_tokens(rid, resp[:cut])
+        for _ in range(5):
+            t1 = time.perf_counter()
+            store.speculate(rid, 8)
+            lat.append(time.perf_counter() - t1)
+            store.add_tokens(rid, resp[cut:cut + 2])
+            cut += 2
+        store.finish_request(rid, add_to_history=False)
+    return {"backend": backend, "responses": len(rollouts), "tokens": tokens,
+            "insert_tokens_per_s": tokens / insert_s, "insert_s": insert_s,
+            "speculate_us_p50": 1e6 * statistics.median(lat),
+            "speculate_us_p90": 1e6 * sorted(lat)[int(0.9 * len(lat))],
+            "trie_nodes": store._global.num_nodes + sum(p.tree.num_nodes for p in store._prompts.values()),
+            "estimate_memory_mb": store.estimate_memory() / 2 ** 20}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--responses", type=int, default=10000)
+    ap.add_argument("--length", type=int, default=500)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--edit-rate", type=float, default=0.01)
+    ap.add_argument("--python-responses", type=int, default=200,
+                    help="the pure-Python twin is measured on this many responses only")
+    ap.add_argument("--queries", type=int, default=400)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    rollouts = make_rollouts(args.responses, args.length, args.group, args.edit_rate, args.seed)
+    results = []
+    if native_available():
+        results.append(bench_backend("native", rollouts, args.queries, args.seed))
+    else:
+        logger.warning("native module not built: measuring the pure-Python twin only")
+    results.append(bench_backend("python", rollouts[:args.python_responses], args.queries // 4,
+                                 args.seed))
+    for r in results:
+        print(f"{r['backend']:>6}: {r['responses']} responses x {args.length} tokens, insert "
+              f"{r['insert_tokens_per_s'] / 1e6:.3f} M tok/s, speculate p50 {r['speculate_us_p50']:.1f} us "
+              f"(p90 {r['speculate_us_p90']:.1f}), {r['trie_nodes'] / 1e6:.1f} M nodes, "
+              f"~{r['estimate_memory_mb']:.0f} MiB")
+    if len(results) == 2:
+        print(f"native/python: insert x{results[0]['insert_tokens_per_s'] / results[1]['insert_tokens_per_s']:.1f}, "
+              f"speculate x{results[1]['speculate_us_p50'] / results[0]['speculate_us_p50']:.1f} faster")
+    out = {"config": vars(args), "results": results,
+           "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

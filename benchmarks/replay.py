@@ -1,0 +1,198 @@
+"""Replay benchmark: draft quality of every draft source on a multi-epoch rollout trace.
+
+Implements the protocol of notes/trace-format.md: for each epoch e >= 1 and response R, a draft
+source proposes at most k tokens given (prompt, R[:p]); a = longest accepted prefix (for trees: the
+longest root path matching R[p:]); p += a + 1; tau = tokens / verify steps. All sources run in one
+process on the same trace; results print as a table with the ratios rhyme/best-baseline and
+rhyme/oracle, and optionally go to a JSON file.
+
+Online mode caveat: the rhyme store and the oracle follow the protocol strictly (a response of
+epoch e is visible to later siblings of its own prompt only). The global peers (sglang-ngram,
+suffix) cannot restrict a global corpus per prompt, so they also see other prompts' finished
+epoch-e responses: a small advantage to the baselines. SGLang's NGRAM is fed whole history
+responses (prompt + response) but not the request's own tokens while it runs; Arctic's cache gets
+the request's prompt and own tokens, as in vLLM.
+
+    python -m benchmarks.replay --traces PATH [--k 8] [--mode history|online] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import time
+from collections import defaultdict
+from typing import Dict, List, Optional, Sequence
+
+from rhyme_sglang.core import StoreConfig
+from rhyme_sglang.core.draft import accepted_length
+from rhyme_sglang.core.trace import TraceRecord, read_trace
+
+from .peers import arctic, ngram
+from .peers.base import DraftSource
+from .peers.histospec import HistoSpecSource
+from .peers.oracle import OracleSource
+from .peers.rhyme import RhymeSource
+
+logger = logging.getLogger("benchmarks.replay")
+ALL_SOURCES = ("rhyme", "rhyme-noreward", "rhyme-latest", "rhyme-chain", "histospec",
+               "sglang-ngram", "sglang-ngram-tree", "suffix", "suffix-tree", "oracle")
+BASELINES = ("histospec", "sglang-ngram", "sglang-ngram-tree", "suffix", "suffix-tree")
+
+
+def make_source(name: str, k: int, backend: str = "auto") -> DraftSource:
+    """Build a source by name; raises RuntimeError with the reason when it is unavailable."""
+    if name == "rhyme":
+        return RhymeSource(name, StoreConfig(), backend)
+    if name == "rhyme-noreward":
+        return RhymeSource(name, StoreConfig(reward_weight=0.0), backend)
+    if name == "rhyme-latest":
+        return RhymeSource(name, StoreConfig(history_epochs=1), backend)
+    if name == "rhyme-chain":
+        return RhymeSource(name, StoreConfig(max_branch=1), backend)
+    if name == "histospec":
+        return HistoSpecSource()
+    if name == "oracle":
+        return OracleSource(k)
+    if name.startswith("sglang-ngram"):
+        why = ngram.import_error()
+        if why:
+            raise RuntimeError(f"sglang NgramCorpus not importable ({why})")
+        return ngram.NgramSource(k, tree=name.endswith("tree"))
+    if name.startswith("suffix"):
+        why = arctic.import_error()
+        if why:
+            raise RuntimeError(f"arctic-inference suffix decoding unavailable ({why})")
+        return arctic.ArcticSource(tree=name.endswith("tree"))
+    raise ValueError(f"unknown source {name!r}; choose from {ALL_SOURCES}")
+
+
+def group_by_epoch(records: Sequence[TraceRecord]) -> Dict[int, List[TraceRecord]]:
+    out: Dict[int, List[TraceRecord]] = defaultdict(list)
+    for r in sorted(records, key=lambda r: (r.epoch, r.prompt_id, r.sample)):
+        out[r.epoch].append(r)
+    return dict(out)
+
+
+def replay_source(src: DraftSource, epochs: Dict[int, List[TraceRecord]], k: int, mode: str,
+                  max_epoch: Optional[int] = None) -> dict:
+    """Run one source over the trace; returns its tau, per-epoch tau, waste and lookup p50."""
+    online = mode == "online"
+    per_epoch, lat = {}, []
+    tokens = steps = proposed = accepted = 0
+    last = max(epochs) if max_epoch is None else min(max_epoch, max(epochs))
+    src.end_epoch(0, epochs.get(0, []), False)
+    for e in range(1, last + 1):
+        e_tokens = e_steps = 0
+        for rec in epochs.get(e, []):
+            ref = rec.response_token_ids
+            src.start(rec)
+            p = 0
+            while p < len(ref):
+                t0 = time.perf_counter()
+                draft = src.propose(rec, ref[:p], k)
+                lat.append(time.perf_counter() - t0)
+                if len(draft) > k:
+                    raise RuntimeError(f"{src.name} proposed {len(draft)} > k={k} tokens")
+                a = accepted_length(draft, ref[p:])
+                src.feedback(rec, len(draft), a)
+                nxt = min(len(ref), p + a + 1)
+                src.advance(rec, ref[p:nxt])
+                proposed += len(draft)
+                accepted += a
+                p = nxt
+                e_steps += 1
+            src.finish(rec, online)
+            e_tokens += len(ref)
+        src.end_epoch(e, epochs.get(e, []), online)
+        per_epoch[str(e)] = e_tokens / e_steps if e_steps else 1.0
+        tokens += e_tokens
+        steps += e_steps
+    return {"tau": tokens / steps if steps else 1.0, "per_epoch": per_epoch,
+            "waste": proposed / accepted if accepted else None,
+            "lookup_us_p50": 1e6 * statistics.median(lat) if lat else 0.0}
+
+
+def run(records: Sequence[TraceRecord], k: int, mode: str, sources: Sequence[str],
+        max_epoch: Optional[int] = None, backend: str = "auto") -> dict:
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if mode not in ("history", "online"):
+        raise ValueError(f"mode must be 'history' or 'online', got {mode!r}")
+    epochs = group_by_epoch(records)
+    result = {"k": k, "mode": mode, "sources": {}, "skipped": {}}
+    warm = {e: recs[:8] for e, recs in epochs.items() if e <= 1}
+    for name in sources:
+        try:
+            src = make_source(name, k, backend)
+        except RuntimeError as exc:
+            result["skipped"][name] = str(exc)
+            logger.warning("skipping %s: %s", name, exc)
+            continue
+        replay_source(make_source(name, k, backend), warm, k, mode, 1)  # warm-up, discarded
+        t0 = time.perf_counter()
+        result["sources"][name] = replay_source(src, epochs, k, mode, max_epoch)
+        logger.info("%s done in %.1f s", name, time.perf_counter() - t0)
+    return result
+
+
+def ratios(result: dict) -> Dict[str, Optional[float]]:
+    src = result["sources"]
+    out: Dict[str, Optional[float]] = {"best_baseline": None, "rhyme/best_baseline": None,
+                                       "rhyme/oracle": None}
+    base = [(src[n]["tau"], n) for n in BASELINES if n in src]
+    if base:
+        out["best_baseline"] = max(base)[1]
+    if "rhyme" in src and base:
+        out["rhyme/best_baseline"] = src["rhyme"]["tau"] / max(base)[0]
+    if "rhyme" in src and "oracle" in src:
+        out["rhyme/oracle"] = src["rhyme"]["tau"] / src["oracle"]["tau"]
+    return out
+
+
+def format_table(result: dict) -> str:
+    srcs = result["sources"]
+    epochs = sorted({e for s in srcs.values() for e in s["per_epoch"]}, key=int)
+    head = f"{'source':<18} {'tau':>6} " + " ".join(f"{'e' + e:>5}" for e in epochs) \
+        + f" {'waste':>6} {'lookup_us':>9}"
+    lines = [f"replay k={result['k']} mode={result['mode']}", head, "-" * len(head)]
+    for name, s in srcs.items():
+        waste = f"{s['waste']:.2f}" if s["waste"] is not None else "-"
+        lines.append(f"{name:<18} {s['tau']:>6.3f} "
+                     + " ".join(f"{s['per_epoch'][e]:>5.2f}" for e in epochs)
+                     + f" {waste:>6} {s['lookup_us_p50']:>9.1f}")
+    for name, why in result.get("skipped", {}).items():
+        lines.append(f"{name:<18} skipped: {why}")
+    r = ratios(result)
+    if r["rhyme/best_baseline"] is not None:
+        lines.append(f"rhyme / best baseline ({r['best_baseline']}): {r['rhyme/best_baseline']:.3f}")
+    if r["rhyme/oracle"] is not None:
+        lines.append(f"rhyme / oracle: {r['rhyme/oracle']:.3f}")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--traces", required=True, help="trace file (.jsonl or .jsonl.gz)")
+    ap.add_argument("--k", type=int, default=8, help="max draft tokens per verify step")
+    ap.add_argument("--mode", choices=("history", "online"), default="history")
+    ap.add_argument("--json", default=None, help="write the result JSON here")
+    ap.add_argument("--sources", default=",".join(ALL_SOURCES), help="comma-separated list")
+    ap.add_argument("--max-epoch", type=int, default=None, help="replay epochs 1..N only")
+    ap.add_argument("--backend", choices=("auto", "native", "python"), default="auto")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    sources = [s.strip() for s in args.sources.split(",") if s.strip()]
+    result = run(read_trace(args.traces), args.k, args.mode, sources, args.max_epoch, args.backend)
+    result["ratios"] = ratios(result)
+    print(format_table(result))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

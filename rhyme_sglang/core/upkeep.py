@@ -1,0 +1,132 @@
+"""Keeping the tries consistent with the response records: add, re-weight, rebase, evict."""
+
+from __future__ import annotations
+
+import logging
+import math
+from array import array
+from typing import Optional
+
+from . import weights as W
+from .history import PromptHistory, ResponseRecord
+
+logger = logging.getLogger(__name__)
+RECORD_BYTES = 160
+
+
+class HistoryUpkeep:
+    """Mixin of DraftStore holding every operation that changes trie weights or membership.
+
+    Invariant: each alive record is in its prompt's trie with `weight`, and in the global trie
+    iff `in_global`; records of the open epoch wait in `_pending_global` unless
+    `global_same_epoch`. Group reward factors are recomputed only for closed epochs.
+    """
+
+    def _too_old(self, epoch: int) -> bool:
+        keep = self.config.history_epochs
+        return keep is not None and epoch < self.epoch - keep
+
+    def _mark_dirty(self, key: str, epoch: int) -> None:
+        (self._dirty_closed if epoch < self.epoch else self._dirty_open).add((key, epoch))
+
+    def _update(self, trie, seq, dcount: int, dweight: int) -> None:
+        before = trie.estimate_memory()
+        trie.update(seq, 0, dcount, dweight)
+        self._trie_bytes += trie.estimate_memory() - before
+
+    def _apply(self, rec: ResponseRecord, dcount: int, dweight: int) -> None:
+        self._update(self._prompts[rec.key].tree, rec.seq, dcount, dweight)
+        if rec.in_global:
+            self._update(self._global, rec.seq, dcount, dweight)
+
+    def _to_global(self, rec: ResponseRecord) -> None:
+        if self.config.use_global and not rec.in_global and rec.alive:
+            rec.in_global = True
+            self._update(self._global, rec.seq, 1, rec.weight)
+
+    def history_bytes(self) -> int:
+        """Estimated bytes of the evictable history (prompt and global tries, records); O(1)."""
+        return self._trie_bytes + 4 * self._num_tokens + RECORD_BYTES * self._num_records
+
+    def _recount_trie_bytes(self) -> None:
+        self._trie_bytes = self._global.estimate_memory() + sum(
+            ph.tree.estimate_memory() for ph in self._prompts.values())
+
+    def _add_record(self, ph: PromptHistory, response: array, epoch: int, sample: int,
+                    reward: Optional[float], request_id: Optional[str]) -> ResponseRecord:
+        seq = array("i", ph.prompt_tail)
+        seq.extend(response)
+        rec = ResponseRecord(ph.key, epoch, sample, seq, len(response), reward, 1.0)
+        rec.weight = W.response_weight(1.0, epoch, self.epoch_origin, self.config.epoch_decay)
+        rec.request_id = request_id
+        self._apply(rec, 1, rec.weight)
+        if epoch < self.epoch or self.config.global_same_epoch:
+            self._to_global(rec)
+        else:
+            self._pending_global.append(rec)
+        ph.records.setdefault(epoch, []).append(rec)
+        self._num_records += 1
+        self._num_tokens += len(seq)
+        if request_id is not None:
+            self._finished[request_id] = rec
+        self.lengths.record(ph.key, epoch, sample, len(response))
+        self._mark_dirty(ph.key, epoch)
+        return rec
+
+    def _flush(self) -> None:
+        """Recompute reward factors of closed groups whose rewards or members changed."""
+        cfg = self.config
+        for key, epoch in sorted(self._dirty_closed):
+            ph = self._prompts.get(key)
+            group = ph.records.get(epoch, []) if ph is not None else []
+            adv = W.group_advantages({i: r.reward for i, r in enumerate(group)})
+            for i, rec in enumerate(group):
+                rec.factor = W.reward_factor(adv[i], cfg.reward_weight, cfg.advantage_clip)
+                new = W.response_weight(rec.factor, rec.epoch, self.epoch_origin, cfg.epoch_decay)
+                if new != rec.weight:
+                    self._apply(rec, 0, new - rec.weight)
+                    rec.weight = new
+        self._dirty_closed.clear()
+
+    def _rebase(self) -> None:
+        """Move the epoch origin forward and rebuild the tries with the smaller weights."""
+        span = int(math.log(W.MAX_RECENCY_FACTOR) / -math.log(self.config.epoch_decay)) // 2
+        self.epoch_origin = max(self.epoch_origin, self.epoch - span)
+        logger.info("rebasing draft-store weights to epoch %d", self.epoch_origin)
+        self._global = self._new_trie(self.config.global_depth)
+        for ph in self._prompts.values():
+            ph.tree = self._new_trie()
+        self._recount_trie_bytes()
+        for rec in self.records():
+            rec.weight = W.response_weight(rec.factor, rec.epoch, self.epoch_origin,
+                                           self.config.epoch_decay)
+            self._apply(rec, 1, rec.weight)
+
+    def _evict_epoch(self, ph: PromptHistory, epoch: int) -> None:
+        for rec in ph.records.pop(epoch, []):
+            self._apply(rec, -1, -rec.weight)
+            rec.alive = False
+            self._num_records -= 1
+            self._num_tokens -= len(rec.seq)
+            if rec.request_id is not None:
+                self._finished.pop(rec.request_id, None)
+        self._dirty_open.discard((ph.key, epoch))
+        self._dirty_closed.discard((ph.key, epoch))
+
+    def _drop_if_empty(self, ph: PromptHistory) -> None:
+        if not ph.records and ph.num_active == 0:
+            self._trie_bytes -= ph.tree.estimate_memory()
+            del self._prompts[ph.key]
+            self.lengths.forget(ph.key)
+
+    def _enforce_budget(self) -> None:
+        budget = self.config.memory_budget
+        if budget is None:
+            return
+        while self.history_bytes() > budget:
+            victim = next((ph for ph in self._prompts.values() if ph.records), None)
+            if victim is None:
+                logger.warning("draft store over its memory budget with nothing left to evict")
+                return
+            self._evict_epoch(victim, min(victim.records))
+            self._drop_if_empty(victim)

@@ -1,0 +1,82 @@
+"""Window rule, length statistics, LPT vs round-robin, trace I/O."""
+
+import gzip
+import json
+
+import pytest
+
+from rhyme_sglang.core import (LengthStats, SpecWindow, WindowConfig, assign_groups_lpt,
+                               assign_groups_round_robin, lpt_order, makespan)
+from rhyme_sglang.core.trace import TraceRecord, read_trace, write_trace
+
+
+def test_window_grows_on_full_acceptance_and_backs_off():
+    w = SpecWindow(WindowConfig(initial=4, minimum=2, maximum=16, decrease=0.5))
+    assert w.update(4, 4) == 8
+    assert w.update(8, 8) == 16
+    assert w.update(16, 16) == 16            # capped
+    assert w.update(16, 3) == 8              # halved
+    assert w.update(8, 0) == 4
+    assert w.update(4, 0) == 2
+    assert w.update(2, 0) == 2               # floor
+    assert w.update(0, 0) == 2               # nothing proposed: unchanged
+    w.size = 16
+    assert w.update(16, 12) == 13            # never below accepted + 1
+    with pytest.raises(ValueError):
+        w.update(2, 3)
+    with pytest.raises(ValueError):
+        WindowConfig(initial=1, minimum=2)
+
+
+def test_length_stats_summary_and_prediction():
+    ls = LengthStats(default=64.0)
+    assert ls.predict("x") == 64.0
+    for s, n in enumerate([10, 30]):
+        ls.record("a", 0, s, n)
+    for s, n in enumerate([40, 60]):
+        ls.record("a", 1, s, n)
+    ls.record("b", 0, 0, 4)
+    summ = ls.summary("a")
+    assert (summ.epoch, summ.mean, summ.max, summ.trend) == (1, 50.0, 60, 30.0)
+    assert ls.predict("a") == 65.0
+    assert ls.predict("unknown") == pytest.approx((50 + 4) / 2)
+    with pytest.raises(ValueError):
+        ls.record("a", 0, 0, -1)
+
+
+def test_lpt_beats_round_robin_on_skewed_loads():
+    groups = ["g0", "g1", "g2", "g3", "g4", "g5"]
+    loads = [10, 1, 10, 1, 1, 1]
+    load = dict(zip(groups, loads)).get
+    lpt = assign_groups_lpt(groups, loads, 2)
+    rr = assign_groups_round_robin(groups, 2)
+    assert makespan(lpt, load) == 12 < makespan(rr, load) == 21
+    assert sorted(g for e in lpt for g in e) == groups
+    assert lpt_order(["a", "b", "c"], [1.0, 3.0, 1.0]) == ["b", "a", "c"]
+    with pytest.raises(ValueError):
+        lpt_order(["a"], [1.0, 2.0])
+    with pytest.raises(ValueError):
+        assign_groups_lpt(groups, loads, 0)
+    with pytest.raises(ValueError):
+        lpt_order(["a"], [float("nan")])
+
+
+def test_trace_round_trip_and_validation(tmp_path):
+    rec = TraceRecord("p", 0, 1, [1, 2], [3, 2], 1.0, "stop")
+    path = str(tmp_path / "t.jsonl.gz")
+    assert write_trace(path, [rec]) == 1
+    assert read_trace(path) == [rec]
+    bad_lines = ['{"prompt_id": "p"}', "not json",
+                 json.dumps({**rec.__dict__, "reward": float("nan")}),
+                 json.dumps({**rec.__dict__, "finish_reason": "eos"}),
+                 json.dumps({**rec.__dict__, "response_token_ids": [1, -2]})]
+    for i, line in enumerate(bad_lines):
+        p = tmp_path / f"bad{i}.jsonl"
+        p.write_text(line + "\n")
+        with pytest.raises(ValueError, match=f"bad{i}.jsonl:1"):
+            read_trace(str(p))
+    dup = tmp_path / "dup.jsonl.gz"
+    with gzip.open(dup, "wt") as fh:
+        fh.write(json.dumps(rec.__dict__) + "\n" + json.dumps(rec.__dict__) + "\n")
+    with pytest.raises(ValueError, match="duplicate"):
+        read_trace(str(dup))

@@ -1,0 +1,126 @@
+"""The HTTP server: malformed requests get a 4xx with a message and the server keeps serving."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+pytestmark = pytest.mark.sglang
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(url: str, body, raw: bytes | None = None, timeout: float = 60.0, headers=None):
+    data = raw if raw is not None else json.dumps(body).encode()
+    req = urllib.request.Request(
+        url, data=data, headers={"Content-Type": "application/json", **(headers or {})}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as err:
+        payload = err.read()
+        try:
+            return err.code, json.loads(payload)
+        except json.JSONDecodeError:
+            return err.code, payload.decode(errors="replace")
+
+
+def get(url: str, timeout: float = 30.0):
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read() or b"null")
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"null")
+
+
+class Server:
+    """A ``python -m rhyme_sglang.launch_server`` subprocess on a free loopback port."""
+
+    def __init__(self, args: list[str], log_path: str):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._log = open(log_path, "w")
+        env = dict(os.environ, OMP_NUM_THREADS="1", SGLANG_USE_CPU_ENGINE="1")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rhyme_sglang.launch_server", "--port", str(self.port),
+             "--log-level", "warning", *args],
+            stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )
+
+    def wait_ready(self, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited early; see {self._log.name}")
+            try:
+                if get(self.url + "/health", timeout=2)[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(1.0)
+        raise TimeoutError("server did not become healthy")
+
+    def stop(self) -> None:
+        import signal
+
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self._log.close()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_path, tmp_path_factory, engines):
+    engines.close_all()  # one sglang engine at a time on this 2-core machine
+    srv = Server(["--model-path", tiny_model_path, "--dtype", "float32"],
+                 str(tmp_path_factory.mktemp("server") / "server.log"))
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
+
+
+GOOD = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
+BAD = {
+    "not_json": (None, b"{bad json"),
+    "not_an_object": ([1, 2], None),
+    "unknown_field": ({"input_ids": [1, 2], "bogus_field": 1}, None),
+    "unknown_sampling_param": ({"input_ids": [1, 2], "sampling_params": {"bogus": 1}}, None),
+    "negative_max_new_tokens": ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": -3}}, None),
+    "string_max_new_tokens": ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": "x"}}, None),
+    "token_id_out_of_vocab": ({"input_ids": [1, 2, 10**6], "sampling_params": {"max_new_tokens": 2}}, None),
+    "negative_token_id": ({"input_ids": [[1, -5]], "sampling_params": {"max_new_tokens": 2}}, None),
+    "input_ids_wrong_type": ({"input_ids": "abc"}, None),
+    "top_p_out_of_range": ({"text": "hi", "sampling_params": {"top_p": 1.5}}, None),
+}
+
+
+def test_good_request(server):
+    status, body = post(server.url + "/generate", GOOD)
+    assert status == 200 and len(body["output_ids"]) == 4
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_malformed_request_gets_4xx_and_server_survives(server, case):
+    body, raw = BAD[case]
+    status, payload = post(server.url + "/generate", body, raw=raw)
+    assert 400 <= status < 500, (status, payload)
+    assert "message" in json.dumps(payload)
+    status, body = post(server.url + "/generate", GOOD)
+    assert status == 200 and len(body["output_ids"]) == 4
