@@ -162,6 +162,15 @@ class DraftStore(HistoryUpkeep):
         rec.reward = reward
         self._mark_dirty(rec.key, rec.epoch)
 
+    def has_reward_target(self, target: RewardTarget) -> bool:
+        """Whether `set_reward(target, r)` would find its response (check before a batch)."""
+        if isinstance(target, str):
+            return target in self._requests or target in self._finished
+        if isinstance(target, tuple) and len(target) == 2:
+            ph = self._prompts.get(target[0])
+            return ph is not None and ph.latest_with_sample(target[1]) is not None
+        return False
+
     def advance_epoch(self) -> int:
         """Close the current epoch: finalize reward weights, apply the history window."""
         self.epoch += 1

@@ -8,6 +8,8 @@ prepared folders.
 
 from __future__ import annotations
 
+import dataclasses
+
 from rhyme_sglang.models import resolve_model_path
 from rhyme_sglang.sglang_ext import check_sglang_version
 from rhyme_sglang.sglang_ext.cpu_defaults import apply_cpu_defaults
@@ -18,6 +20,9 @@ apply_cpu_defaults({})  # env + finders before sglang is imported in this proces
 import sglang  # noqa: E402
 from sglang.srt.entrypoints.engine import Engine as _SGLangEngine  # noqa: E402
 
+from rhyme_sglang.sglang_ext.config import RhymeConfig, new_control_addr  # noqa: E402
+from rhyme_sglang.sglang_ext.control import ControlClient  # noqa: E402
+from rhyme_sglang.sglang_ext.plugin import ALGORITHM  # noqa: E402
 from rhyme_sglang.sglang_ext.process import run_scheduler_process  # noqa: E402
 from rhyme_sglang.sglang_ext.validation import install_token_id_check  # noqa: E402
 
@@ -33,7 +38,48 @@ class Engine(_SGLangEngine):
         if "model_path" not in kwargs:
             raise ValueError("Engine needs model_path (a folder, or the alias 'smollm2'/'tiny')")
         kwargs["model_path"] = resolve_model_path(kwargs["model_path"])
+        self.rhyme_config = RhymeConfig.pop_from_kwargs(kwargs)
+        self._rhyme = None
+        algo = kwargs.get("speculative_algorithm")
+        if isinstance(algo, str) and algo.upper() == ALGORITHM:
+            kwargs["speculative_algorithm"] = ALGORITHM
+            self.rhyme_config = dataclasses.replace(self.rhyme_config, control_addr=new_control_addr())
+            self.rhyme_config.to_env()  # read by the spawned scheduler process
+            self._rhyme = ControlClient(self.rhyme_config.control_addr)
         super().__init__(**apply_cpu_defaults(kwargs))
+
+    # ------------------------------------------------------------------ RHYME API
+    def _rhyme_call(self, cmd: str, **args):
+        if self._rhyme is None:
+            raise ValueError("this engine was not started with speculative_algorithm='RHYME'")
+        return self._rhyme.call(cmd, **args)
+
+    def rhyme_set_rewards(self, rewards: list) -> dict:
+        """Rewards for finished requests: ``[{"rid", "reward"}]`` or ``[{"prompt_id", "sample", "reward"}]``."""
+        return self._rhyme_call("set_rewards", rewards=rewards)
+
+    def rhyme_advance_epoch(self) -> int:
+        return self._rhyme_call("advance_epoch")["epoch"]
+
+    def rhyme_stats(self) -> dict:
+        return self._rhyme_call("stats")
+
+    def rhyme_save(self, path: str) -> dict:
+        return self._rhyme_call("save", path=str(path))
+
+    def rhyme_load(self, path: str) -> dict:
+        return self._rhyme_call("load", path=str(path))
+
+    def rhyme_reset(self) -> dict:
+        return self._rhyme_call("reset")
+
+    def rhyme_predict_lengths(self, prompts: list) -> list:
+        return self._rhyme_call("predict_lengths", prompts=prompts)["lengths"]
+
+    def shutdown(self):
+        if self._rhyme is not None:
+            self._rhyme.close()
+        return super().shutdown()
 
     async def async_pause_generation(self, mode: str = "in_place"):
         """Pause the scheduler (``in_place`` keeps requests and KV; ``abort`` returns them)."""

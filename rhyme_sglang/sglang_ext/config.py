@@ -1,0 +1,134 @@
+"""RHYME settings: ``--rhyme-*`` flags / ``rhyme_*`` Engine kwargs, carried to the scheduler
+process through ``RHYME_*`` environment variables (read here, in one typed place).
+
+The scheduler process is spawned, so the main process writes the environment before sglang
+starts its children and the worker reads :func:`RhymeConfig.from_env` there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import uuid
+from dataclasses import dataclass
+from typing import Optional
+
+SCHEDULE_POLICIES = ("lpt", "fcfs")
+_PREFIX = "RHYME_"
+
+
+@dataclass(frozen=True)
+class RhymeConfig:
+    """Knobs of the RHYME speculative algorithm (all optional; defaults are tuned for RL).
+
+    * ``schedule_policy``: ``lpt`` orders the waiting queue longest-predicted-first (prompt
+      groups kept together, for prefix-cache reuse); ``fcfs`` leaves sglang's policy alone.
+    * ``min_draft_prob``: drop draft paths whose estimated probability is below this.
+    * ``max_branch``: children considered per draft-tree node (1 = chain drafts).
+    * ``epoch_decay``/``reward_weight``: history weighting (see ``rhyme_sglang.core``).
+    * ``memory_mb``: memory budget of the history store (None = unbounded).
+    * ``snapshot_path``: load this snapshot at start-up if it exists.
+    * ``control_addr``: ZeroMQ address of the worker's control socket (set automatically).
+    * ``adaptive``: batch-level speculation budget from the measured cost model.
+    """
+
+    schedule_policy: str = "lpt"
+    min_draft_prob: float = 0.0
+    max_branch: int = 4
+    epoch_decay: float = 0.6
+    reward_weight: float = 0.5
+    memory_mb: Optional[int] = None
+    snapshot_path: Optional[str] = None
+    control_addr: Optional[str] = None
+    adaptive: bool = True
+
+    def __post_init__(self) -> None:
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise ValueError(
+                f"rhyme schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}"
+            )
+        if not 0.0 <= self.min_draft_prob <= 1.0:
+            raise ValueError(f"rhyme min_draft_prob must be in [0, 1], got {self.min_draft_prob!r}")
+        if self.max_branch < 1:
+            raise ValueError(f"rhyme max_branch must be >= 1, got {self.max_branch!r}")
+        if self.memory_mb is not None and self.memory_mb <= 0:
+            raise ValueError(f"rhyme memory_mb must be positive, got {self.memory_mb!r}")
+
+    def store_config(self):
+        from rhyme_sglang.core import StoreConfig
+
+        return StoreConfig(
+            max_branch=self.max_branch, min_prob=self.min_draft_prob, epoch_decay=self.epoch_decay,
+            reward_weight=self.reward_weight,
+            memory_budget=None if self.memory_mb is None else self.memory_mb * 2**20,
+        )
+
+    # ---------------------------------------------------------------- transport
+    def to_env(self, env: Optional[dict] = None) -> dict:
+        env = os.environ if env is None else env
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            key = _PREFIX + f.name.upper()
+            if value is None:
+                env.pop(key, None)
+            else:
+                env[key] = str(int(value) if isinstance(value, bool) else value)
+        return env
+
+    @classmethod
+    def from_env(cls, env: Optional[dict] = None) -> "RhymeConfig":
+        env = os.environ if env is None else env
+        kwargs = {}
+        for f in dataclasses.fields(cls):
+            raw = env.get(_PREFIX + f.name.upper())
+            if raw is None:
+                continue
+            default = getattr(cls, f.name, None)
+            if isinstance(default, bool):
+                kwargs[f.name] = raw not in ("0", "false", "False", "")
+            elif isinstance(default, int) or f.name == "memory_mb":
+                kwargs[f.name] = int(raw)
+            elif isinstance(default, float):
+                kwargs[f.name] = float(raw)
+            else:
+                kwargs[f.name] = raw
+        return cls(**kwargs)
+
+    @classmethod
+    def pop_from_kwargs(cls, kwargs: dict) -> "RhymeConfig":
+        """Take ``rhyme_*`` keys out of Engine kwargs (ValueError on unknown ones)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        given = {k[len("rhyme_"):]: kwargs.pop(k) for k in list(kwargs) if k.startswith("rhyme_")}
+        unknown = sorted(set(given) - names)
+        if unknown:
+            raise ValueError(f"unknown rhyme option(s): {['rhyme_' + u for u in unknown]}")
+        return cls(**given)
+
+    @classmethod
+    def pop_from_argv(cls, argv: list) -> tuple["RhymeConfig", list]:
+        """Take ``--rhyme-*`` flags out of a command line (ValueError on unknown ones)."""
+        names = {f.name: f for f in dataclasses.fields(cls)}
+        rest, given, i = [], {}, 0
+        while i < len(argv):
+            arg = argv[i]
+            if not arg.startswith("--rhyme-"):
+                rest.append(arg)
+                i += 1
+                continue
+            key, _, value = arg[len("--rhyme-"):].partition("=")
+            name = key.replace("-", "_")
+            if name not in names:
+                raise ValueError(f"unknown flag --rhyme-{key}")
+            if not value:
+                if i + 1 >= len(argv):
+                    raise ValueError(f"flag --rhyme-{key} needs a value")
+                value, i = argv[i + 1], i + 1
+            given[name] = value
+            i += 1
+        return cls.from_env({_PREFIX + k.upper(): v for k, v in given.items()}), rest
+
+
+def new_control_addr() -> str:
+    """A fresh IPC address for one engine's control socket."""
+    return f"ipc://{tempfile.gettempdir()}/rhyme-control-{uuid.uuid4().hex[:12]}.sock"

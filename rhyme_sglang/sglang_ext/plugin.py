@@ -1,0 +1,120 @@
+"""sglang plugin (entry point ``sglang.srt.plugins: rhyme``): registers RHYME in every process.
+
+sglang calls :func:`register` at start-up in the main, scheduler and detokenizer processes.
+It registers the ``RHYME`` speculative algorithm through ``SpeculativeAlgorithm.register``
+and three named hooks through sglang's ``HookRegistry``:
+
+* ``finish_hook`` after ``Scheduler.process_batch_result``: finished responses -> history;
+* ``weights_hook`` after each weight update: the history epoch advances;
+* ``ordering_hook`` after ``SchedulePolicy.calc_priority``: longest-predicted-first queue.
+
+Each hook is a no-op unless a RhymeWorker runs in the process.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+ALGORITHM = "RHYME"
+_WEIGHT_METHODS = ("update_weights_from_disk", "update_weights_from_tensor",
+                   "update_weights_from_distributed", "update_weights_from_ipc")
+_registered = False
+
+
+def _worker():
+    from rhyme_sglang.sglang_ext.worker import ACTIVE_WORKERS
+
+    return ACTIVE_WORKERS[0] if ACTIVE_WORKERS else None
+
+
+def finish_hook(result, scheduler, batch, *args, **kwargs):
+    worker = _worker() if batch is not None else None
+    if worker is not None:
+        worker.on_batch_result(batch)
+    return result
+
+
+def weights_hook(result, *args, **kwargs):
+    worker = _worker()
+    success = getattr(result, "success", None)
+    if success is None and isinstance(result, tuple) and result:
+        success = result[0]
+    if worker is not None and success:
+        worker.note_weights_updated()
+    return result
+
+
+def ordering_hook(result, policy, waiting_queue, *args, **kwargs):
+    worker = _worker()
+    if worker is not None:
+        worker.order_waiting_queue(waiting_queue)
+    return result
+
+
+def _spec_class():
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+
+    ngram = SpeculativeAlgorithm.NGRAM
+
+    class RhymeSpecAlgo(CustomSpecAlgo):
+        """Behaves as NGRAM everywhere sglang asks (tree verify, no draft model, no draft
+        KV), except that its worker drafts from the history store."""
+
+        def handle_server_args(self, server_args) -> None:
+            if getattr(server_args, "device", None) == "cpu":
+                server_args.disable_overlap_schedule = True
+            if server_args.max_running_requests is None:
+                server_args.max_running_requests = 48
+            server_args.enable_mixed_chunk = False
+            if server_args.speculative_num_draft_tokens is None:
+                server_args.speculative_num_draft_tokens = 8
+            server_args.speculative_eagle_topk = server_args.speculative_ngram_max_bfs_breadth
+            if server_args.speculative_num_steps is None:
+                server_args.speculative_num_steps = (
+                    server_args.speculative_num_draft_tokens // server_args.speculative_eagle_topk
+                )
+            # sglang's own n-gram corpus is built but unused: keep it tiny
+            server_args.speculative_ngram_capacity = 1024
+
+    for name in ("is_ngram", "supports_target_verify_for_draft", "supports_prefill_shared_read_done",
+                 "supports_mixed_chunk", "supports_ragged_verify", "supports_grammar_overlap",
+                 "has_draft_kv", "get_num_tokens_per_req_for_target_verify",
+                 "resolve_max_speculative_num_draft_tokens", "build_disagg_draft_input",
+                 "carries_draft_hidden_states", "need_topk", "create_future_map"):
+        if hasattr(ngram, name):
+            setattr(RhymeSpecAlgo, name,
+                    lambda self, *a, _n=name, **k: getattr(ngram, _n)(*a, **k))
+    return RhymeSpecAlgo
+
+
+def _worker_factory(server_args):
+    from rhyme_sglang.sglang_ext.worker import RhymeWorker
+
+    return RhymeWorker
+
+
+def register() -> None:
+    """Entry point called by sglang's ``load_plugins`` (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from rhyme_sglang.sglang_ext import check_sglang_version
+
+    check_sglang_version()
+    SpeculativeAlgorithm.register(ALGORITHM, supports_overlap=True, spec_class=_spec_class())(
+        _worker_factory
+    )
+    HookRegistry.register("sglang.srt.managers.scheduler.Scheduler.process_batch_result",
+                          finish_hook, HookType.AFTER)
+    for method in _WEIGHT_METHODS:
+        HookRegistry.register(
+            "sglang.srt.managers.scheduler_components.weight_updater."
+            f"SchedulerWeightUpdaterManager.{method}", weights_hook, HookType.AFTER)
+    HookRegistry.register("sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority",
+                          ordering_hook, HookType.AFTER)
+    _registered = True

@@ -1,0 +1,239 @@
+"""RhymeWorker: sglang's NGRAM verify path with drafts from the per-prompt history store.
+
+Subclasses :class:`NGRAMWorker` and replaces only the draft source
+(``_prepare_draft_tokens``) and the corpus update (``_update_ngram_corpus``); verification,
+KV bookkeeping and logprobs stay sglang's (lossless on GPU through sglang's kernels, on CPU
+through :mod:`rhyme_sglang.cpu_backend`). Requests are keyed by prompt automatically (hash of
+the prompt ids) or by ``custom_params["rhyme_prompt_id"]``; finished responses join the
+history (see :func:`on_batch_result`); the epoch advances after a weight update.
+
+Thread-safety: the scheduler thread and the control thread both take ``self.lock``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from sglang.srt.speculative.ngram_worker import NGRAMWorker
+
+from rhyme_sglang.core import DraftStore
+from rhyme_sglang.sglang_ext.config import RhymeConfig
+from rhyme_sglang.sglang_ext.stats import SpecStats
+from rhyme_sglang.sglang_ext.tree_layout import draft_to_tree
+
+logger = logging.getLogger(__name__)
+ACTIVE_WORKERS: list = []  # the RhymeWorker of this scheduler process (hooks find it here)
+
+
+@dataclass
+class _Tracked:
+    synced: int = 0  # output tokens already given to the store
+    proposed: Optional[int] = None  # real draft tokens of the last verify step
+
+
+def _custom(req, key):
+    params = getattr(req.sampling_params, "custom_params", None)
+    return params.get(key) if isinstance(params, dict) else None
+
+
+class RhymeWorker(NGRAMWorker):
+    def __init__(self, server_args, gpu_id, nccl_port, target_worker):
+        super().__init__(server_args, gpu_id, nccl_port, target_worker)
+        self.config = RhymeConfig.from_env()
+        self.lock = threading.RLock()
+        self.store = DraftStore(self.config.store_config())
+        self.stats = SpecStats()
+        self._tracked: dict[str, _Tracked] = {}
+        self._weights_changed = False
+        self.predicted: dict[str, float] = {}
+        if self.config.snapshot_path:
+            import os
+
+            if os.path.exists(self.config.snapshot_path):
+                self.store.load(self.config.snapshot_path)
+                logger.info("rhyme: loaded history snapshot %s", self.config.snapshot_path)
+        ACTIVE_WORKERS[:] = [self]
+        self.control = None
+        if self.config.control_addr:
+            from rhyme_sglang.sglang_ext.control import ControlServer
+
+            self.control = ControlServer(self.config.control_addr, self)
+            self.control.start()
+
+    # ------------------------------------------------------------ draft source
+    def _prepare_draft_tokens(self, batch):
+        bs, n = len(batch.reqs), self.draft_token_num
+        use_prev = self.enable_overlap and not batch.grammar_needs_sync()
+        prev_tokens, prev_lens = [], [0] * bs
+        if use_prev:
+            prev_tokens = batch.spec_info.accept_tokens.cpu().tolist()
+            prev_lens = batch.spec_info.accept_lens.cpu().tolist()
+        self.prev_token_ids, self.prev_accept_lens = prev_tokens, prev_lens
+        tokens = np.empty((bs, n), dtype=np.int64)
+        masks = np.empty((bs, n, n), dtype=bool)
+        with self.lock:
+            self._maybe_advance_epoch()
+            for i, req in enumerate(batch.reqs):
+                output = list(req.output_ids)
+                if use_prev:
+                    output += prev_tokens[i * n : i * n + prev_lens[i]]
+                self._sync(req, output)
+                t0 = time.perf_counter()
+                draft = self.store.speculate(req.rid, n - 1)
+                self.stats.record_lookup((time.perf_counter() - t0) * 1e6)
+                last = output[-1] if output else req.origin_input_ids_unpadded[-1]
+                tokens[i], masks[i], real = draft_to_tree(last, draft.token_ids, draft.parents, n)
+                self._tracked[req.rid].proposed = real
+        return tokens.reshape(-1), masks.reshape(-1)
+
+    def _update_ngram_corpus(self, batch):
+        """Accepted tokens reach the store at the next draft (or at finish), not here."""
+
+    def _sync(self, req, output) -> None:
+        """Start tracking ``req`` if new, then feed the store its new output tokens."""
+        tracked = self._tracked.get(req.rid)
+        if tracked is None:
+            self.store.start_request(
+                req.rid, list(req.origin_input_ids_unpadded),
+                prompt_id=_custom(req, "rhyme_prompt_id"), sample=_custom(req, "rhyme_sample"),
+            )
+            tracked = self._tracked[req.rid] = _Tracked()
+        new = output[tracked.synced :]
+        if not new:
+            return
+        self.store.add_tokens(req.rid, new)
+        if tracked.proposed is not None:
+            accepted = min(len(new) - 1, tracked.proposed)
+            self.store.record_acceptance(req.rid, tracked.proposed, accepted)
+            self.stats.record(self.store.epoch, tracked.proposed, len(new))
+            tracked.proposed = None
+        tracked.synced = len(output)
+
+    # --------------------------------------------------------- request lifecycle
+    def on_batch_result(self, batch) -> None:
+        """After sglang processed a batch: finished requests join the history."""
+        with self.lock:
+            for req in batch.reqs:
+                if req.finished():
+                    self._finish(req)
+
+    def _finish(self, req) -> None:
+        from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+        self._sync(req, list(req.output_ids))
+        aborted = isinstance(req.finished_reason, FINISH_ABORT)
+        self.store.finish_request(req.rid, add_to_history=not aborted)
+        self._tracked.pop(req.rid, None)
+
+    def note_weights_updated(self) -> None:
+        with self.lock:
+            self._weights_changed = True
+
+    def _maybe_advance_epoch(self) -> None:
+        if self._weights_changed:
+            self._weights_changed = False
+            epoch = self.store.advance_epoch()
+            logger.info("rhyme: weights changed, history epoch -> %d", epoch)
+
+    # ----------------------------------------------------------------- ordering
+    def order_waiting_queue(self, queue) -> None:
+        """Longest predicted first, keeping each prompt group together (stable)."""
+        if self.config.schedule_policy != "lpt" or len(queue) < 2:
+            return
+        with self.lock:
+            preds = {}
+            for req in queue:
+                key = _custom(req, "rhyme_prompt_id") or tuple(req.origin_input_ids_unpadded)
+                if key not in preds:
+                    prompt = key if isinstance(key, str) else list(key)
+                    preds[key] = self.store.predict_length(prompt)
+                req._rhyme_key = key
+        first_seen = {}
+        for pos, req in enumerate(queue):
+            first_seen.setdefault(req._rhyme_key, pos)
+        queue.sort(key=lambda r: (-preds[r._rhyme_key], first_seen[r._rhyme_key]))
+
+    # ------------------------------------------------------------ control API
+    def command(self, name: str, args: dict):
+        """Run one control command under the lock (see :mod:`.control`)."""
+        with self.lock:
+            self._maybe_advance_epoch()
+            handler = getattr(self, "_cmd_" + name, None)
+            if handler is None:
+                raise ValueError(f"unknown rhyme command {name!r}")
+            return handler(**args)
+
+    def _cmd_stats(self):
+        out = self.stats.as_dict()
+        out.update(
+            epoch=self.store.epoch, num_prompts=self.store.num_prompts,
+            num_responses=self.store.num_responses, active_requests=len(self._tracked),
+            memory_bytes=self.store.estimate_memory(), backend=self.store.backend,
+        )
+        return out
+
+    def _cmd_set_rewards(self, rewards):
+        if not isinstance(rewards, list) or not rewards:
+            raise ValueError("rewards must be a non-empty list of objects")
+        targets = []
+        for item in rewards:
+            if not isinstance(item, dict):
+                raise ValueError(f"each reward must be an object, got {item!r}")
+            reward = item.get("reward")
+            if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+                raise ValueError(f"reward must be a finite number, got {reward!r}")
+            if "rid" in item:
+                target = item["rid"]
+                if not isinstance(target, str):
+                    raise ValueError(f"rid must be a string, got {target!r}")
+            elif "prompt_id" in item and "sample" in item:
+                if not isinstance(item["sample"], int) or isinstance(item["sample"], bool):
+                    raise ValueError(f"sample must be an int, got {item['sample']!r}")
+                target = (str(item["prompt_id"]), item["sample"])
+            else:
+                raise ValueError(f"a reward needs 'rid' or 'prompt_id'+'sample': {item!r}")
+            targets.append((target, float(reward)))
+        unknown = [t for t, _ in targets if not self.store.has_reward_target(t)]
+        if unknown:  # all-or-nothing: nothing is applied when any target is unknown
+            raise ValueError(f"unknown reward target(s): {unknown[:5]}")
+        for target, reward in targets:
+            self.store.set_reward(target, reward)
+        return {"updated": len(targets)}
+
+    def _cmd_advance_epoch(self):
+        return {"epoch": self.store.advance_epoch()}
+
+    def _cmd_save(self, path):
+        self.store.save(str(path))
+        return {"path": str(path), "num_responses": self.store.num_responses}
+
+    def _cmd_load(self, path):
+        if self._tracked:
+            raise ValueError("cannot load a snapshot while requests are running")
+        self.store.load(str(path))
+        return {"epoch": self.store.epoch, "num_responses": self.store.num_responses}
+
+    def _cmd_reset(self):
+        if self._tracked:
+            raise ValueError("cannot reset while requests are running")
+        self.store = DraftStore(self.config.store_config())
+        self.stats = SpecStats()
+        return {"epoch": 0}
+
+    def _cmd_predict_lengths(self, prompts):
+        if not isinstance(prompts, list):
+            raise ValueError("prompts must be a list of token-id lists or prompt ids")
+        out = []
+        for p in prompts:
+            if isinstance(p, str) or (isinstance(p, list) and all(isinstance(t, int) for t in p)):
+                out.append(float(self.store.predict_length(p)))
+            else:
+                raise ValueError(f"a prompt must be a prompt id or a list of token ids, got {p!r}")
+        return {"lengths": out}
