@@ -8,6 +8,7 @@ installs the request validation and ``/rhyme/*`` routes before serving.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -25,6 +26,15 @@ _CPU_FLAGS = (
 
 def _has_flag(argv: list[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in argv)
+
+
+def _flag_value(argv: list[str], flag: str, default: str) -> str:
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return default
 
 
 def prepare_argv(argv: list[str], cpu_only: bool) -> list[str]:
@@ -51,12 +61,18 @@ def prepare_argv(argv: list[str], cpu_only: bool) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     from rhyme_sglang.sglang_ext import check_sglang_version
+    from rhyme_sglang.sglang_ext.config import RhymeConfig, new_control_addr
     from rhyme_sglang.sglang_ext.cpu_defaults import apply_cpu_defaults, on_cpu_only_machine
 
     check_sglang_version()
     cpu_only = on_cpu_only_machine()
     apply_cpu_defaults({})
+    rhyme_config, argv = RhymeConfig.pop_from_argv(argv)
     argv = prepare_argv(argv, cpu_only)
+    control_addr = None
+    if _flag_value(argv, "--speculative-algorithm", "").upper() == "RHYME":
+        control_addr = new_control_addr()
+        dataclasses.replace(rhyme_config, control_addr=control_addr).to_env()
 
     from sglang.srt.plugins import load_plugins
     from sglang.srt.server_args import prepare_server_args
@@ -67,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
 
     load_plugins()
     server_args = prepare_server_args(argv)
-    http_api.install()
+    http_api.install(control_addr)
     from sglang.srt.entrypoints.http_server import launch_server
 
     try:

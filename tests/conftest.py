@@ -91,6 +91,7 @@ def engines():
 TINY_CONFIGS = {
     "tiny": {},
     "tiny-ngram": {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 4},
+    "tiny-rhyme": {"speculative_algorithm": "RHYME", "speculative_num_draft_tokens": 8},
 }
 
 
@@ -98,8 +99,10 @@ TINY_CONFIGS = {
 def tiny(engines, tiny_model_path):
     """``tiny(name)`` -> the live engine for that configuration (see ``TINY_CONFIGS``)."""
 
-    def get(name: str = "tiny"):
-        return engines.get(name, model_path=tiny_model_path, dtype="float32", **TINY_CONFIGS[name])
+    def get(name: str = "tiny", **extra):
+        config = {**TINY_CONFIGS[name], **extra}
+        key = name + "".join(f"|{k}={v}" for k, v in sorted(extra.items()))
+        return engines.get(key, model_path=tiny_model_path, dtype="float32", **config)
 
     return get
 

@@ -76,6 +76,12 @@ class Engine(_SGLangEngine):
     def rhyme_predict_lengths(self, prompts: list) -> list:
         return self._rhyme_call("predict_lengths", prompts=prompts)["lengths"]
 
+    def rhyme_draft(self, prompt: list, context: list = (), max_tokens: int = 8,
+                    prompt_id: str | None = None) -> dict:
+        """Inspect the draft the history store would propose after ``prompt + context``."""
+        return self._rhyme_call("draft", prompt=list(prompt), context=list(context),
+                                max_tokens=max_tokens, prompt_id=prompt_id)
+
     def shutdown(self):
         if self._rhyme is not None:
             self._rhyme.close()

@@ -227,6 +227,19 @@ class RhymeWorker(NGRAMWorker):
         self.stats = SpecStats()
         return {"epoch": 0}
 
+    def _cmd_draft(self, prompt, context=(), max_tokens=8, prompt_id=None):
+        """The draft the store would propose after ``prompt + context`` (for inspection)."""
+        rid = "__rhyme_probe__"
+        self.store.start_request(rid, list(prompt), prompt_id=prompt_id)
+        try:
+            if context:
+                self.store.add_tokens(rid, list(context))
+            draft = self.store.speculate(rid, int(max_tokens))
+        finally:
+            self.store.finish_request(rid, add_to_history=False)
+        return {"token_ids": list(draft.token_ids), "parents": list(draft.parents),
+                "probs": [float(p) for p in draft.probs], "match_len": draft.match_len}
+
     def _cmd_predict_lengths(self, prompts):
         if not isinstance(prompts, list):
             raise ValueError("prompts must be a list of token-id lists or prompt ids")

@@ -1,4 +1,4 @@
-"""SGLang NGRAM speculation on CPU is lossless: greedy identity and sampled distributions."""
+"""Speculation on CPU is lossless (SGLang NGRAM and RHYME): greedy identity, sampled distributions."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ pytestmark = pytest.mark.sglang
 PROMPTS = [[1, 5, 6, 7, 8], [3, 4, 5], [10, 11, 12, 13, 14, 15, 16, 17] * 3]
 GREEDY = {"temperature": 0, "max_new_tokens": 48, "ignore_eos": True}
 SAMPLE_PROMPT = [10, 11, 12, 13, 14, 15, 16, 17] * 2
-SAMPLING = {"temp1": {}, "top_p0.9": {"top_p": 0.9}}
+SAMPLING = {"temp1": {}, "top_p0.9": {"top_p": 0.9}, "top_k5": {"top_k": 5}}
 NUM_SAMPLES = 16000  # per side; see tests/test_stats_power.py for the power this gives
 ALPHA = 1e-3 / 3  # three comparisons per setting
+ALGORITHMS = ["tiny-ngram", "tiny-rhyme"]
 
 
 def _sample(engine, params, num_samples, batch=512):
@@ -41,18 +42,27 @@ def baseline(tiny, request):
     return out
 
 
-def test_ngram_greedy_equals_non_speculative(tiny, baseline):
-    spec = tiny("tiny-ngram").generate(input_ids=PROMPTS, sampling_params=GREEDY)
+@pytest.mark.parametrize("algo", ALGORITHMS)
+def test_greedy_equals_non_speculative(tiny, baseline, algo):
+    spec = tiny(algo).generate(input_ids=PROMPTS, sampling_params=GREEDY)
+    if algo == "tiny-rhyme":  # second epoch: drafts come from the first one's history
+        tiny(algo).rhyme_advance_epoch()
+        spec = tiny(algo).generate(input_ids=PROMPTS, sampling_params=GREEDY)
     assert [o["output_ids"] for o in spec] == baseline["greedy"]
     assert sum(o["meta_info"]["spec_num_correct_drafts"] for o in spec) > 0  # speculation ran
 
 
+# algorithm-major order: one engine switch per algorithm (sglang allows one engine at a time)
+CASES = [("tiny-ngram", "temp1"), ("tiny-ngram", "top_p0.9"),
+         ("tiny-rhyme", "temp1"), ("tiny-rhyme", "top_p0.9"), ("tiny-rhyme", "top_k5")]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("setting", list(SAMPLING))
-def test_ngram_sampling_distribution_equals_non_speculative(tiny, baseline, setting):
+@pytest.mark.parametrize("algo,setting", CASES, ids=[f"{a}-{s}" for a, s in CASES])
+def test_sampling_distribution_equals_non_speculative(tiny, baseline, setting, algo):
     """Token distributions at positions 1 and 2 (produced by verify steps) and their joint."""
     base = baseline[setting]
-    spec, accepted = _sample(tiny("tiny-ngram"), _sampling_params(setting), NUM_SAMPLES)
+    spec, accepted = _sample(tiny(algo), _sampling_params(setting), NUM_SAMPLES)
     assert accepted > NUM_SAMPLES // 4, f"speculation barely ran ({accepted} accepted drafts)"
     for pos in (1, 2):
         p = homogeneity_pvalue([o[pos] for o in base], [o[pos] for o in spec])

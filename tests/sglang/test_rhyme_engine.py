@@ -1,0 +1,162 @@
+"""RHYME inside SGLang on the tiny model: lossless greedy + logprobs, history lifecycle,
+rewards, snapshots across a restart, and longest-predicted-first admission."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+pytestmark = pytest.mark.sglang
+
+PROMPTS = [[1, 5, 6, 7, 8], [3, 4, 5], [10, 11, 12, 13, 14, 15, 16, 17] * 3]
+GREEDY = {"temperature": 0, "max_new_tokens": 48, "ignore_eos": True}
+SAMPLE_PROMPT = [20, 21, 22, 23, 24]
+
+
+@pytest.fixture(scope="module")
+def baseline(tiny):
+    """Non-speculative references, computed before any RHYME engine starts."""
+    engine = tiny("tiny")
+    greedy = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY, return_logprob=True)
+    return {
+        "greedy": [o["output_ids"] for o in greedy],
+        "greedy_logprobs": [[lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]] for o in greedy],
+        "engine": engine,
+    }
+
+
+@pytest.fixture(scope="module")
+def sampled_sequences(tiny, baseline):
+    """RHYME-sampled sequences with their reported logprobs (history built first)."""
+    engine = tiny("tiny-rhyme")
+    params = {"temperature": 1.0, "max_new_tokens": 24, "ignore_eos": True}
+    for _ in range(3):  # history for the prompt, so later samples are drafted
+        engine.generate(input_ids=[SAMPLE_PROMPT] * 8, sampling_params=params)
+    out = engine.generate(input_ids=[SAMPLE_PROMPT] * 8, sampling_params=params, return_logprob=True)
+    return [(o["output_ids"], [lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]],
+             o["meta_info"].get("spec_num_correct_drafts", 0)) for o in out]
+
+
+def test_greedy_identical_across_epochs(tiny, baseline):
+    engine = tiny("tiny-rhyme")
+    accepted = []
+    for epoch in range(3):
+        out = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY, return_logprob=True)
+        assert [o["output_ids"] for o in out] == baseline["greedy"], f"epoch {epoch}"
+        for o, ref in zip(out, baseline["greedy_logprobs"]):
+            got = [lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]]
+            assert all(math.isclose(a, b, abs_tol=1e-4) for a, b in zip(got, ref))
+        accepted.append(sum(o["meta_info"]["spec_num_correct_drafts"] for o in out))
+        engine.rhyme_advance_epoch()
+    assert accepted[2] > accepted[0], accepted  # history makes later epochs draft better
+    stats = engine.rhyme_stats()
+    assert stats["epoch"] >= 3 and stats["num_responses"] >= 9
+    assert stats["per_epoch"]["1"]["tau"] > 3.0
+
+
+def test_sampled_token_logprobs_match_non_speculative(tiny, baseline, sampled_sequences):
+    assert sum(n for _, _, n in sampled_sequences) > 0  # drafts were accepted while sampling
+    engine = tiny("tiny")
+    for ids, logprobs, _ in sampled_sequences[:4]:
+        ref = engine.generate(
+            input_ids=SAMPLE_PROMPT + ids, sampling_params={"temperature": 1.0, "max_new_tokens": 1},
+            return_logprob=True, logprob_start_len=len(SAMPLE_PROMPT) - 1,
+        )
+        ref_lps = [lp for lp, _, _ in ref["meta_info"]["input_token_logprobs"]][1:]
+        assert len(ref_lps) == len(logprobs)
+        for a, b in zip(logprobs, ref_lps):
+            assert math.isclose(a, b, abs_tol=1e-4), (a, b)
+
+
+def test_history_and_epoch_follow_weight_updates(tiny, tiny_model_path):
+    engine = tiny("tiny-rhyme")
+    before = engine.rhyme_stats()
+    engine.generate(input_ids=PROMPTS[:1], sampling_params={"temperature": 0, "max_new_tokens": 8})
+    ok, message = engine.update_weights_from_disk(tiny_model_path)[:2]
+    assert ok, message
+    engine.generate(input_ids=PROMPTS[:1], sampling_params={"temperature": 0, "max_new_tokens": 8})
+    after = engine.rhyme_stats()
+    assert after["epoch"] == before["epoch"] + 1
+    assert after["num_responses"] == before["num_responses"] + 2
+
+
+def test_rewards_change_drafting_preference(tiny):
+    engine = tiny("tiny-rhyme")
+    prompt = [30, 31, 32, 33]
+    params = {"temperature": 1.0, "max_new_tokens": 6, "ignore_eos": True}
+    out = engine.generate(input_ids=[prompt] * 16, sampling_params=params)
+    firsts = [o["output_ids"][0] for o in out]
+    engine.rhyme_advance_epoch()
+    before = engine.rhyme_draft(prompt, max_tokens=8)
+    root = {t: p for t, p, par in zip(before["token_ids"], before["probs"], before["parents"]) if par == -1}
+    if len(root) < 2:
+        pytest.skip(f"all samples started alike ({set(firsts)}); no branch to prefer")
+    favourite = min(root, key=root.get)  # the least likely first token so far
+    rewards = [{"rid": o["meta_info"]["id"], "reward": 1.0 if f == favourite else 0.0}
+               for o, f in zip(out, firsts)]
+    assert engine.rhyme_set_rewards(rewards)["updated"] == len(out)
+    after = engine.rhyme_draft(prompt, max_tokens=8)
+    root_after = {t: p for t, p, par in zip(after["token_ids"], after["probs"], after["parents"]) if par == -1}
+    assert root_after.get(favourite, 0.0) > root[favourite]
+
+
+def test_bad_control_input_is_refused_and_history_intact(tiny, tmp_path):
+    from rhyme_sglang.sglang_ext.control import ControlError
+
+    engine = tiny("tiny-rhyme")
+    before = engine.rhyme_stats()["num_responses"]
+    for bad in ([{"rid": "no-such-request", "reward": 1.0}], [{"rid": "x", "reward": float("nan")}],
+                [{"reward": 1.0}], [], "nope"):
+        with pytest.raises(ControlError):
+            engine.rhyme_set_rewards(bad)
+    corrupt = tmp_path / "corrupt.snap"
+    corrupt.write_bytes(b"definitely not a snapshot")
+    with pytest.raises(ControlError):
+        engine.rhyme_load(str(corrupt))
+    with pytest.raises(ControlError):
+        engine.rhyme_predict_lengths([{"a": 1}])
+    assert engine.rhyme_stats()["num_responses"] == before
+    assert len(engine.generate(input_ids=PROMPTS[0], sampling_params=GREEDY)["output_ids"]) == 48
+
+
+def test_snapshot_survives_engine_restart(tiny, engines, tmp_path):
+    engine = tiny("tiny-rhyme")
+    engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)
+    probes = [(p, [], 8) for p in PROMPTS] + [(PROMPTS[2], PROMPTS[2][:3], 8)]
+    drafts = [engine.rhyme_draft(p, c, k) for p, c, k in probes]
+    path = tmp_path / "history.snap"
+    engine.rhyme_save(str(path))
+    engines.close_all()
+    restarted = tiny("tiny-rhyme", rhyme_snapshot_path=str(path))
+    assert [restarted.rhyme_draft(p, c, k) for p, c, k in probes] == drafts
+    engines.close_all()
+
+
+@pytest.mark.parametrize("policy,expected", [("lpt", ["long", "short"]), ("fcfs", ["short", "long"])])
+def test_longest_predicted_prompt_admitted_first(tiny, policy, expected):
+    engine = tiny("tiny-rhyme", max_running_requests=1, rhyme_schedule_policy=policy)
+    long_prompt, short_prompt = [40, 41, 42, 43], [50, 51, 52, 53]
+    engine.generate(input_ids=[long_prompt], sampling_params={"temperature": 0, "max_new_tokens": 40, "ignore_eos": True})
+    engine.generate(input_ids=[short_prompt], sampling_params={"temperature": 0, "max_new_tokens": 4, "ignore_eos": True})
+    engine.rhyme_advance_epoch()
+    predicted = engine.rhyme_predict_lengths([long_prompt, short_prompt])
+    assert predicted[0] > predicted[1]
+    order = []
+
+    async def run(prompt, n, tag):
+        await engine.async_generate(input_ids=prompt, sampling_params={"temperature": 0, "max_new_tokens": n, "ignore_eos": True})
+        order.append(tag)
+
+    async def scenario():
+        await engine.async_pause_generation(mode="in_place")
+        tasks = [asyncio.ensure_future(run(short_prompt, 4, "short"))]
+        await asyncio.sleep(0.5)
+        tasks.append(asyncio.ensure_future(run(long_prompt, 40, "long")))
+        await asyncio.sleep(0.5)
+        await engine.async_continue_generation()
+        await asyncio.gather(*tasks)
+
+    engine.loop.run_until_complete(scenario())
+    assert order == expected
