@@ -87,7 +87,9 @@ class Server:
 @pytest.fixture(scope="module")
 def server(tiny_model_path, tmp_path_factory, engines):
     engines.close_all()  # one sglang engine at a time on this 2-core machine
-    srv = Server(["--model-path", tiny_model_path, "--dtype", "float32"],
+    srv = Server(["--model-path", tiny_model_path, "--dtype", "float32",
+                  "--speculative-algorithm", "RHYME", "--speculative-num-draft-tokens", "8",
+                  "--admin-api-key", ADMIN_KEY, "--rhyme-schedule-policy", "lpt"],
                  str(tmp_path_factory.mktemp("server") / "server.log"))
     try:
         srv.wait_ready()
@@ -96,6 +98,8 @@ def server(tiny_model_path, tmp_path_factory, engines):
         srv.stop()
 
 
+ADMIN_KEY = "test-admin-key"
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 GOOD = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
 BAD = {
     "not_json": (None, b"{bad json"),
@@ -124,3 +128,56 @@ def test_malformed_request_gets_4xx_and_server_survives(server, case):
     assert "message" in json.dumps(payload)
     status, body = post(server.url + "/generate", GOOD)
     assert status == 200 and len(body["output_ids"]) == 4
+
+
+def test_rhyme_round_trip(server, tmp_path):
+    status, body = post(server.url + "/generate", {**GOOD, "rid": "http-r1"})
+    assert status == 200
+    status, stats = get(server.url + "/rhyme/stats")
+    assert status == 200 and stats["num_responses"] >= 1
+    status, body = post(server.url + "/rhyme/rewards",
+                        {"rewards": [{"rid": "http-r1", "reward": 1.0}]}, headers=ADMIN)
+    assert (status, body) == (200, {"updated": 1})
+    status, body = post(server.url + "/rhyme/advance_epoch", {}, headers=ADMIN)
+    assert status == 200 and body["epoch"] == stats["epoch"] + 1
+    snap = str(tmp_path / "h.snap")
+    assert post(server.url + "/rhyme/save", {"path": snap}, headers=ADMIN)[0] == 200
+    assert post(server.url + "/rhyme/load", {"path": snap}, headers=ADMIN)[0] == 200
+    status, body = post(server.url + "/rhyme/predict_lengths", {"prompts": [[1, 2, 3]]})
+    assert status == 200 and len(body["lengths"]) == 1
+
+
+RHYME_BAD = {
+    "unknown_rid": ("/rhyme/rewards", {"rewards": [{"rid": "no-such-rid", "reward": 1.0}]}, None),
+    "nan_reward": ("/rhyme/rewards", None, b'{"rewards": [{"rid": "http-r1", "reward": NaN}]}'),
+    "inf_reward": ("/rhyme/rewards", None, b'{"rewards": [{"rid": "http-r1", "reward": Infinity}]}'),
+    "string_reward": ("/rhyme/rewards", {"rewards": [{"rid": "http-r1", "reward": "high"}]}, None),
+    "rewards_not_list": ("/rhyme/rewards", {"rewards": {"rid": "http-r1"}}, None),
+    "missing_rewards": ("/rhyme/rewards", {}, None),
+    "bad_json": ("/rhyme/rewards", None, b"{oops"),
+    "unknown_field": ("/rhyme/advance_epoch", {"epoch": 7}, None),
+    "corrupt_snapshot": ("/rhyme/load", {"path": "/etc/hostname"}, None),
+    "missing_snapshot": ("/rhyme/load", {"path": "/nonexistent/h.snap"}, None),
+    "bad_prompts": ("/rhyme/predict_lengths", {"prompts": [{"a": 1}]}, None),
+}
+
+
+@pytest.mark.parametrize("case", list(RHYME_BAD))
+def test_rhyme_bad_input_gets_4xx_and_history_intact(server, case):
+    path, body, raw = RHYME_BAD[case]
+    before = get(server.url + "/rhyme/stats")[1]
+    status, payload = post(server.url + path, body, raw=raw, headers=ADMIN)
+    assert 400 <= status < 500, (status, payload)
+    assert "message" in json.dumps(payload)
+    after = get(server.url + "/rhyme/stats")[1]
+    assert (after["num_responses"], after["epoch"]) == (before["num_responses"], before["epoch"])
+    assert post(server.url + "/generate", GOOD)[0] == 200
+
+
+@pytest.mark.parametrize("path", ["/rhyme/rewards", "/rhyme/advance_epoch", "/rhyme/save",
+                                  "/rhyme/load", "/rhyme/reset", "/update_weights_from_disk"])
+def test_admin_endpoints_need_the_admin_key(server, path):
+    status, _ = post(server.url + path, {})
+    assert status in (401, 403), status
+    status, _ = post(server.url + path, {}, headers={"Authorization": "Bearer wrong"})
+    assert status in (401, 403), status
