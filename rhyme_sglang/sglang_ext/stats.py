@@ -41,6 +41,10 @@ class SpecStats:
         self._latency_us: list[float] = []
         self._max = max_latency_samples
         self._next = 0
+        self.steps = {"spec": 0, "plain": 0}
+
+    def count_step(self, mode: str) -> None:
+        self.steps[mode] += 1
 
     def record(self, epoch: int, proposed: int, emitted: int) -> None:
         self.by_epoch[epoch].record(proposed, emitted)
@@ -70,4 +74,5 @@ class SpecStats:
         out = total.as_dict()
         out["per_epoch"] = {str(k): v.as_dict() for k, v in sorted(self.by_epoch.items())}
         out["lookup_us_p50"] = self.lookup_us_p50()
+        out["decode_steps"] = dict(self.steps)
         return out

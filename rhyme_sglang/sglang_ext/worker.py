@@ -24,6 +24,7 @@ import numpy as np
 from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
 from rhyme_sglang.core import DraftStore
+from rhyme_sglang.core.cost_model import SpecCostModel
 from rhyme_sglang.sglang_ext.config import RhymeConfig
 from rhyme_sglang.sglang_ext.stats import SpecStats
 from rhyme_sglang.sglang_ext.tree_layout import draft_to_tree
@@ -36,6 +37,7 @@ ACTIVE_WORKERS: list = []  # the RhymeWorker of this scheduler process (hooks fi
 class _Tracked:
     synced: int = 0  # output tokens already given to the store
     proposed: Optional[int] = None  # real draft tokens of the last verify step
+    predicted: float = 0.0  # the store's expected accepted drafts for that step
 
 
 def _custom(req, key):
@@ -50,6 +52,8 @@ class RhymeWorker(NGRAMWorker):
         self.lock = threading.RLock()
         self.store = DraftStore(self.config.store_config())
         self.stats = SpecStats()
+        self.cost = SpecCostModel()
+        self._pending_drafts = None  # drafts made while deciding, reused by the verify step
         self._tracked: dict[str, _Tracked] = {}
         self._weights_changed = False
         self.predicted: dict[str, float] = {}
@@ -67,8 +71,91 @@ class RhymeWorker(NGRAMWorker):
             self.control = ControlServer(self.config.control_addr, self)
             self.control.start()
 
+    # ------------------------------------------------------------ the step
+    def forward_batch_generation(self, batch, on_publish=None, pp_proxy_tensors=None):
+        """One step: verify history drafts, or a plain decode when the cost model says so."""
+        decode = batch.forward_mode.is_decode()
+        mode = "spec"
+        if decode and self._can_run_plain(batch):
+            self._pending_drafts = self._build_drafts(batch)
+            if not self.cost.should_speculate(len(batch.reqs), self._pending_drafts[2]):
+                self._pending_drafts, mode = None, "plain"
+                with self.lock:  # nothing was proposed on this step
+                    for req in batch.reqs:
+                        self._tracked[req.rid].proposed = None
+        start = time.perf_counter()
+        if mode == "plain":
+            result = self._plain_decode(batch, on_publish)
+        else:
+            result = super().forward_batch_generation(batch, on_publish, pp_proxy_tensors)
+        if decode:
+            self.cost.observe_step(mode, len(batch.reqs), time.perf_counter() - start)
+            self.stats.count_step(mode)
+        return result
+
+    def _can_run_plain(self, batch) -> bool:
+        """Plain steps need the synchronous schedule (CPU); with overlap, always speculate."""
+        return self.config.adaptive and not self.enable_overlap and not batch.has_grammar
+
+    def _plain_decode(self, batch, on_publish):
+        """A normal one-token decode inside the speculative schedule (same KV layout as a
+        verify step that accepted no draft: the last token's KV lands at ``seq_len``)."""
+        import torch
+        from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+        from sglang.srt.layers.logprob_processor import compute_spec_logprobs
+        from sglang.srt.managers.scheduler import GenerationBatchResult
+        from sglang.srt.speculative.ngram_info import NgramVerifyInput
+
+        bs, n, device = len(batch.reqs), self.draft_token_num, self.device
+        seq_lens = batch.seq_lens
+        batch.input_ids = torch.tensor([req.output_ids[-1] for req in batch.reqs],
+                                       dtype=torch.int64, device=device)
+        batch.out_cache_loc = assign_extend_cache_locs_func(
+            req_pool_indices=batch.req_pool_indices, req_to_token=batch.req_to_token_pool.req_to_token,
+            start_offset=seq_lens, end_offset=seq_lens + 1, batch_size=bs, draft_token_num=1,
+            device=device,
+        )
+        saved = (batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum, batch.spec_info)
+        batch.seq_lens = seq_lens + 1  # plain decode counts the new token in seq_lens
+        if batch.seq_lens_cpu is not None:
+            batch.seq_lens_cpu = batch.seq_lens_cpu + 1
+        batch.seq_lens_sum = (batch.seq_lens_sum or 0) + bs
+        batch.spec_info = None
+        try:
+            out = self.target_worker.forward_batch_generation(batch)
+        finally:
+            batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum, batch.spec_info = saved
+        predict = out.next_token_ids
+        accept_index = torch.full((bs, n), -1, dtype=torch.int32, device=device)
+        accept_index[:, 0] = torch.arange(bs, dtype=torch.int32, device=device)
+        if batch.return_logprob:
+            compute_spec_logprobs(batch, out.logits_output, predict, accept_index=accept_index)
+        accept_lens = torch.ones(bs, dtype=torch.int32, device=device)
+        accept_tokens = torch.zeros(bs, n, dtype=torch.int32, device=device)
+        accept_tokens[:, 0] = predict
+        accept_tokens = accept_tokens.flatten()
+        new_seq_lens = seq_lens + 1
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+        return GenerationBatchResult(
+            logits_output=out.logits_output, next_token_ids=accept_tokens,
+            can_run_cuda_graph=out.can_run_cuda_graph, accept_lens=accept_lens,
+            new_seq_lens=new_seq_lens,
+            next_draft_input=NgramVerifyInput(
+                draft_token_num=n, new_seq_lens=new_seq_lens, accept_tokens=accept_tokens,
+                accept_lens=accept_lens,
+            ),
+            speculative_num_draft_tokens=self.speculative_num_draft_tokens,
+        )
+
     # ------------------------------------------------------------ draft source
     def _prepare_draft_tokens(self, batch):
+        pending, self._pending_drafts = self._pending_drafts, None
+        tokens, masks, _ = pending if pending is not None else self._build_drafts(batch)
+        return tokens, masks
+
+    def _build_drafts(self, batch):
+        """Sync the store with each request's output, then draft; also the expected accepts."""
         bs, n = len(batch.reqs), self.draft_token_num
         use_prev = self.enable_overlap and not batch.grammar_needs_sync()
         prev_tokens, prev_lens = [], [0] * bs
@@ -78,6 +165,7 @@ class RhymeWorker(NGRAMWorker):
         self.prev_token_ids, self.prev_accept_lens = prev_tokens, prev_lens
         tokens = np.empty((bs, n), dtype=np.int64)
         masks = np.empty((bs, n, n), dtype=bool)
+        expected = 0.0
         with self.lock:
             self._maybe_advance_epoch()
             for i, req in enumerate(batch.reqs):
@@ -90,8 +178,11 @@ class RhymeWorker(NGRAMWorker):
                 self.stats.record_lookup((time.perf_counter() - t0) * 1e6)
                 last = output[-1] if output else req.origin_input_ids_unpadded[-1]
                 tokens[i], masks[i], real = draft_to_tree(last, draft.token_ids, draft.parents, n)
-                self._tracked[req.rid].proposed = real
-        return tokens.reshape(-1), masks.reshape(-1)
+                tracked = self._tracked[req.rid]
+                tracked.proposed = real
+                tracked.predicted = float(sum(draft.probs[:real]))
+                expected += tracked.predicted
+        return tokens.reshape(-1), masks.reshape(-1), expected
 
     def _update_ngram_corpus(self, batch):
         """Accepted tokens reach the store at the next draft (or at finish), not here."""
@@ -113,6 +204,7 @@ class RhymeWorker(NGRAMWorker):
             accepted = min(len(new) - 1, tracked.proposed)
             self.store.record_acceptance(req.rid, tracked.proposed, accepted)
             self.stats.record(self.store.epoch, tracked.proposed, len(new))
+            self.cost.observe_acceptance(tracked.predicted, accepted)
             tracked.proposed = None
         tracked.synced = len(output)
 
@@ -173,6 +265,7 @@ class RhymeWorker(NGRAMWorker):
     def _cmd_stats(self):
         out = self.stats.as_dict()
         out.update(
+            cost_model=self.cost.as_dict(),
             epoch=self.store.epoch, num_prompts=self.store.num_prompts,
             num_responses=self.store.num_responses, active_requests=len(self._tracked),
             memory_bytes=self.store.estimate_memory(), backend=self.store.backend,
