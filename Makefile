@@ -27,8 +27,8 @@ $(STAMP): requirements/cpu.lock pyproject.toml $(wildcard setup.py)
 	$(PIP) --no-deps $(NO_DEPS_PKGS) 2>&1 | grep -v "is ignored" || true
 	$(PIP) -r requirements/cpu.lock 2>&1 | grep -v "is ignored" || true
 	$(PIP) --no-deps --no-build-isolation -e . 2>&1 | grep -v "is ignored" || true
-	$(VPY) -c "import sglang, ray, transformers, reasoning_gym, hypothesis, rhyme_sglang"
 	$(VPY) -m rhyme_sglang.cpu_backend install
+	$(VPY) -c "import sglang, ray, transformers, reasoning_gym, hypothesis, rhyme_sglang"
 	touch $@
 
 models: $(MODELS_STAMP)
