@@ -3,85 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 
 import pytest
 
+from rhyme_sglang.server_process import ServerProcess as Server
+from rhyme_sglang.server_process import get, post
+
 pytestmark = pytest.mark.sglang
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def post(url: str, body, raw: bytes | None = None, timeout: float = 60.0, headers=None):
-    data = raw if raw is not None else json.dumps(body).encode()
-    req = urllib.request.Request(
-        url, data=data, headers={"Content-Type": "application/json", **(headers or {})}
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return resp.status, json.loads(resp.read() or b"null")
-    except urllib.error.HTTPError as err:
-        payload = err.read()
-        try:
-            return err.code, json.loads(payload)
-        except json.JSONDecodeError:
-            return err.code, payload.decode(errors="replace")
-
-
-def get(url: str, timeout: float = 30.0):
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.status, json.loads(resp.read() or b"null")
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"null")
-
-
-class Server:
-    """A ``python -m rhyme_sglang.launch_server`` subprocess on a free loopback port."""
-
-    def __init__(self, args: list[str], log_path: str):
-        self.port = _free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self._log = open(log_path, "w")
-        env = dict(os.environ, OMP_NUM_THREADS="1", SGLANG_USE_CPU_ENGINE="1")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rhyme_sglang.launch_server", "--port", str(self.port),
-             "--log-level", "warning", *args],
-            stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-        )
-
-    def wait_ready(self, timeout: float = 180.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited early; see {self._log.name}")
-            try:
-                if get(self.url + "/health", timeout=2)[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(1.0)
-        raise TimeoutError("server did not become healthy")
-
-    def stop(self) -> None:
-        import signal
-
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self._log.close()
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,95 @@
+"""Serving throughput through the HTTP server at batch 1 and 8: vanilla vs RHYME, side by side.
+
+For each mode a ``python -m rhyme_sglang.launch_server`` process is started on a loopback port;
+one warm-up round of the same chat prompts runs first (for RHYME it is also the history epoch),
+then each batch size is timed: ``batch`` concurrent ``/generate`` requests (temperature 1.0,
+``--max-new-tokens``, ignore_eos so every request produces the same token count).
+
+    python -m benchmarks.bench_serving [--model smollm2] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import time
+from pathlib import Path
+
+MODES = {"vanilla": [], "rhyme": ["--speculative-algorithm", "RHYME", "--speculative-num-draft-tokens", "8"]}
+QUESTIONS = ["What is 7 + 5?", "Name the capital of France.", "What is 9 - 4?",
+             "Give a synonym of happy.", "What is 3 * 3?", "Name a primary colour.",
+             "What is 12 - 7?", "What is 6 + 8?"]
+
+
+def _prompts(model_path: str) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    out = []
+    for q in QUESTIONS:
+        ids = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                      tokenize=True)
+        out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    return out
+
+
+def _round(url: str, prompts, batch: int, max_new_tokens: int) -> tuple[float, int]:
+    from rhyme_sglang.server_process import post
+
+    body = lambda p: {"input_ids": p, "sampling_params": {  # noqa: E731
+        "temperature": 1.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}}
+    start = time.perf_counter()
+    with cf.ThreadPoolExecutor(batch) as pool:
+        results = list(pool.map(lambda p: post(url + "/generate", body(p), timeout=600),
+                                prompts[:batch]))
+    elapsed = time.perf_counter() - start
+    tokens = sum(len(r[1]["output_ids"]) for r in results if r[0] == 200)
+    return elapsed, tokens
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_serving")
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+
+    from rhyme_sglang.models import resolve_model_path
+    from rhyme_sglang.server_process import ServerProcess as Server
+
+    model_path = resolve_model_path(args.model)
+    prompts = _prompts(model_path)
+    batches = [int(b) for b in args.batches.split(",")]
+    report = {"model": args.model, "max_new_tokens": args.max_new_tokens, "modes": {}}
+    for mode, flags in MODES.items():
+        log = Path(f"/tmp/bench_serving_{mode}.log")
+        srv = Server(["--model-path", model_path, *flags], str(log))
+        started = time.perf_counter()
+        try:
+            srv.wait_ready(timeout=300)
+            start_s = time.perf_counter() - started
+            _round(srv.url, prompts, max(batches), args.max_new_tokens)  # warm-up / history epoch
+            rows = {}
+            for b in batches:
+                elapsed, tokens = _round(srv.url, prompts, b, args.max_new_tokens)
+                rows[str(b)] = {"seconds": elapsed, "tokens": tokens, "tokens_per_s": tokens / elapsed}
+            report["modes"][mode] = {"server_start_s": start_s, "batches": rows}
+        finally:
+            srv.stop()
+    report["speedup_rhyme_vs_vanilla"] = {
+        b: report["modes"]["rhyme"]["batches"][b]["tokens_per_s"]
+        / report["modes"]["vanilla"]["batches"][b]["tokens_per_s"] for b in map(str, batches)}
+    print("bench_serving %s: " % args.model + "; ".join(
+        f"batch {b}: vanilla {report['modes']['vanilla']['batches'][b]['tokens_per_s']:.0f} tok/s, "
+        f"rhyme {report['modes']['rhyme']['batches'][b]['tokens_per_s']:.0f} tok/s "
+        f"(x{report['speedup_rhyme_vs_vanilla'][b]:.2f})" for b in map(str, batches)))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
