@@ -187,7 +187,8 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None)
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
+    logger.setLevel(logging.INFO)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
     from rhyme_sglang.models import resolve_model_path
