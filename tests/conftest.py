@@ -91,7 +91,11 @@ def engines():
 TINY_CONFIGS = {
     "tiny": {},
     "tiny-ngram": {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 4},
-    "tiny-rhyme": {"speculative_algorithm": "RHYME", "speculative_num_draft_tokens": 8},
+    # lossless tests force verify steps on every decode step (the cost model may otherwise
+    # replace them by plain decode steps); "tiny-rhyme-adaptive" keeps the cost model on
+    "tiny-rhyme": {"speculative_algorithm": "RHYME", "speculative_num_draft_tokens": 8,
+                   "rhyme_adaptive": False},
+    "tiny-rhyme-adaptive": {"speculative_algorithm": "RHYME", "speculative_num_draft_tokens": 8},
 }
 
 

@@ -54,8 +54,22 @@ def test_greedy_identical_across_epochs(tiny, baseline):
     stats = engine.rhyme_stats()
     assert stats["epoch"] >= 3 and stats["num_responses"] >= 9
     assert stats["per_epoch"]["1"]["tau"] > 3.0
-    # the cost model measured both modes, so both step kinds ran and stayed lossless
+    assert stats["decode_steps"]["plain"] == 0  # adaptive off: every decode step verified
+
+
+def test_adaptive_mixes_plain_and_verify_steps_losslessly(tiny, baseline):
+    engine = tiny("tiny-rhyme-adaptive")
+    for _ in range(3):
+        out = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY, return_logprob=True)
+        assert [o["output_ids"] for o in out] == baseline["greedy"]
+        for o, ref in zip(out, baseline["greedy_logprobs"]):
+            got = [lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]]
+            assert all(math.isclose(a, b, abs_tol=1e-4) for a, b in zip(got, ref))
+        engine.rhyme_advance_epoch()
+    stats = engine.rhyme_stats()
+    # the cost model measured both step kinds (it explores each once per batch-size bucket)
     assert stats["decode_steps"]["spec"] > 0 and stats["decode_steps"]["plain"] > 0
+    assert stats["cost_model"]["seconds_per_request_step"]
 
 
 def test_sampled_token_logprobs_match_non_speculative(tiny, baseline, sampled_sequences):

@@ -1,0 +1,72 @@
+"""Config loading: the shipped configs parse; bad keys and values raise errors naming them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rl_driver.config import ConfigError, config_from_dict, load_config
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+@pytest.mark.parametrize("name", ["tiny.yaml", "demo.yaml"])
+def test_shipped_configs_load(name):
+    cfg = load_config(str(CONFIGS / name))
+    assert cfg.engine.rhyme and cfg.loop.epochs >= 1
+    args = cfg.engine.server_args("/models/x")
+    assert args["speculative_algorithm"] == "RHYME" and args["model_path"] == "/models/x"
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"rollout": {"group_sise": 4}}, "rollout.group_sise"),
+    ({"rollout": {"group_size": 0}}, "'rollout.group_size'.*0"),
+    ({"rollout": {"balance": "random"}}, "'rollout.balance'.*random"),
+    ({"engine": {"rhyme": "yes"}}, "'engine.rhyme'.*yes"),
+    ({"engine": {"dtype": "int8"}}, "'engine.dtype'.*int8"),
+    ({"sync": {"method": "carrier-pigeon"}}, "'sync.method'.*carrier-pigeon"),
+    ({"train": {"lr": "fast"}}, "'train.lr'.*fast"),
+    ({"train": {"lr": -1.0}}, "'train.lr'.*-1.0"),
+    ({"task": {"reward_fn": "nodots"}}, "'task.reward_fn'.*nodots"),
+    ({"loop": {"epochs": 0}}, "'loop.epochs'.*0"),
+    ({"lopp": {}}, "'lopp'"),
+    ({"rollout": [1, 2]}, "'rollout' must be a mapping"),
+    ({"name": "a/b"}, "'name'.*a/b"),
+])
+def test_bad_values_name_the_key(raw, message):
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict(raw)
+
+
+def test_overrides_and_file_errors(tmp_path):
+    cfg = config_from_dict({}, {"engine.num_engines": 3, "name": "x"})
+    assert cfg.engine.num_engines == 3 and cfg.name == "x"
+    assert cfg.train.lr == 5e-6 and isinstance(config_from_dict({"train": {"lr": 1}}).train.lr, float)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(str(tmp_path / "missing.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rollout: {group_size: 4\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(str(bad))
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("train:\n  learning_rate: 0.1\n")
+    with pytest.raises(ConfigError, match=r"typo.yaml.*train.learning_rate"):
+        load_config(str(typo))
+
+
+def test_reward_fn_path_is_checked():
+    from rl_driver.rewards import load_reward_fn, target_token_reward
+
+    assert load_reward_fn("rl_driver.rewards.target_token_reward") is target_token_reward
+    with pytest.raises(ValueError, match="rl_driver.rewards.nope"):
+        load_reward_fn("rl_driver.rewards.nope")
+
+
+def test_cli_reports_bad_config(tmp_path, capsys):
+    from rl_driver.cli import main
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("rollout:\n  temperature: -1\n")
+    assert main(["train", "--config", str(cfg)]) == 2
+    assert "rollout.temperature" in capsys.readouterr().err
