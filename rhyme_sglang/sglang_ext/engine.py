@@ -87,6 +87,25 @@ class Engine(_SGLangEngine):
             self._rhyme.close()
         return super().shutdown()
 
+    # sglang 0.5.23 reports a weight update as failed when its cache flush races with a
+    # request that has just finished (the scheduler frees it one loop later). The weights are
+    # loaded by then, so finish the flush here instead of failing the caller.
+    _NOT_FLUSHED = "Weights were updated, but the cache was not flushed"
+
+    def _finish_flush(self, result):
+        ok, message = result[0], result[1]
+        if not ok and message.startswith(self._NOT_FLUSHED) and self.flush_cache_blocking():
+            return (True, "Succeeded to update model weights (cache flushed after retry).",
+                    *result[2:])
+        return result
+
+    def update_weights_from_disk(self, model_path: str, load_format=None):
+        return self._finish_flush(super().update_weights_from_disk(model_path, load_format))
+
+    def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True):
+        return self._finish_flush(
+            super().update_weights_from_tensor(named_tensors, load_format, flush_cache))
+
     async def async_pause_generation(self, mode: str = "in_place"):
         """Pause the scheduler (``in_place`` keeps requests and KV; ``abort`` returns them)."""
         from sglang.srt.managers.io_struct import PauseGenerationReqInput

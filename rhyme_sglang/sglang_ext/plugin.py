@@ -5,7 +5,8 @@ It registers the ``RHYME`` speculative algorithm through ``SpeculativeAlgorithm.
 and three named hooks through sglang's ``HookRegistry``:
 
 * ``finish_hook`` after ``Scheduler.process_batch_result``: finished responses -> history;
-* ``weights_hook`` after each weight update: the history epoch advances;
+* ``weights_hook`` after sglang records a successful weight load (disk, tensor,
+  distributed or IPC): the history epoch advances before the next draft;
 * ``ordering_hook`` after ``SchedulePolicy.calc_priority``: longest-predicted-first queue.
 
 Each hook is a no-op unless a RhymeWorker runs in the process.
@@ -17,8 +18,6 @@ import logging
 
 logger = logging.getLogger(__name__)
 ALGORITHM = "RHYME"
-_WEIGHT_METHODS = ("update_weights_from_disk", "update_weights_from_tensor",
-                   "update_weights_from_distributed", "update_weights_from_ipc")
 _registered = False
 
 
@@ -37,10 +36,7 @@ def finish_hook(result, scheduler, batch, *args, **kwargs):
 
 def weights_hook(result, *args, **kwargs):
     worker = _worker()
-    success = getattr(result, "success", None)
-    if success is None and isinstance(result, tuple) and result:
-        success = result[0]
-    if worker is not None and success:
+    if worker is not None:
         worker.note_weights_updated()
     return result
 
@@ -111,10 +107,10 @@ def register() -> None:
     )
     HookRegistry.register("sglang.srt.managers.scheduler.Scheduler.process_batch_result",
                           finish_hook, HookType.AFTER)
-    for method in _WEIGHT_METHODS:
-        HookRegistry.register(
-            "sglang.srt.managers.scheduler_components.weight_updater."
-            f"SchedulerWeightUpdaterManager.{method}", weights_hook, HookType.AFTER)
+    HookRegistry.register(
+        "sglang.srt.managers.scheduler_components.weight_updater."
+        "SchedulerWeightUpdaterManager.record_weight_version_after_update",
+        weights_hook, HookType.AFTER)
     HookRegistry.register("sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority",
                           ordering_hook, HookType.AFTER)
     _registered = True

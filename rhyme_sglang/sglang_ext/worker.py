@@ -121,14 +121,27 @@ class RhymeWorker(NGRAMWorker):
             batch.seq_lens_cpu = batch.seq_lens_cpu + 1
         batch.seq_lens_sum = (batch.seq_lens_sum or 0) + bs
         batch.spec_info = None
+        raw_logits = {}
+        runner = self.target_worker.model_runner
+        if batch.return_logprob:
+            # sglang's sampler works on the logits in place; keep the raw ones for logprobs
+            sample = runner.sample
+
+            def keep_raw_then_sample(logits_output, forward_batch):
+                raw_logits["value"] = logits_output.next_token_logits.clone()
+                return sample(logits_output, forward_batch)
+
+            runner.sample = keep_raw_then_sample  # instance attribute, removed below
         try:
             out = self.target_worker.forward_batch_generation(batch)
         finally:
             batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum, batch.spec_info = saved
+            runner.__dict__.pop("sample", None)
         predict = out.next_token_ids
         accept_index = torch.full((bs, n), -1, dtype=torch.int32, device=device)
         accept_index[:, 0] = torch.arange(bs, dtype=torch.int32, device=device)
         if batch.return_logprob:
+            out.logits_output.next_token_logits = raw_logits["value"]
             compute_spec_logprobs(batch, out.logits_output, predict, accept_index=accept_index)
         accept_lens = torch.ones(bs, dtype=torch.int32, device=device)
         accept_tokens = torch.zeros(bs, n, dtype=torch.int32, device=device)

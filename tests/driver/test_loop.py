@@ -98,9 +98,6 @@ def test_report(finished_run):
         assert (config.run_dir / name).stat().st_size > 1000
 
 
-@pytest.mark.xfail(strict=True, reason="RHYME engines return output_token_logprobs that differ "
-                   "from the model's after the first decode step (NGRAM and vanilla match to "
-                   "1e-6); the configs recompute old logprobs in the trainer until it is fixed")
 def test_rhyme_rollout_logprobs_match_the_trainer(finished_run):
     _, first, _, _ = finished_run
     assert first[0]["train"]["logprob_abs_diff"] < 1e-3  # fp32 engine vs fp32 trainer, epoch 0

@@ -57,7 +57,7 @@ def test_greedy_identical_across_epochs(tiny, baseline):
     assert stats["decode_steps"]["plain"] == 0  # adaptive off: every decode step verified
 
 
-def test_adaptive_mixes_plain_and_verify_steps_losslessly(tiny, baseline):
+def test_adaptive_mixes_plain_and_verify_steps_losslessly(tiny, baseline, tiny_model_path):
     engine = tiny("tiny-rhyme-adaptive")
     for _ in range(3):
         out = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY, return_logprob=True)
@@ -66,6 +66,19 @@ def test_adaptive_mixes_plain_and_verify_steps_losslessly(tiny, baseline):
             got = [lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]]
             assert all(math.isclose(a, b, abs_tol=1e-4) for a, b in zip(got, ref))
         engine.rhyme_advance_epoch()
+    # sampled tokens: reported logprobs equal the model's (plain steps included)
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
+    sampled = engine.generate(input_ids=PROMPTS[:2] * 4, return_logprob=True,
+                              sampling_params={"temperature": 1.0, "max_new_tokens": 24})
+    for prompt, o in zip(PROMPTS[:2] * 4, sampled):
+        with torch.no_grad():
+            lp = torch.log_softmax(model(torch.tensor([prompt + o["output_ids"]])).logits[0], -1)
+        ref = [lp[len(prompt) - 1 + i, t].item() for i, t in enumerate(o["output_ids"])]
+        got = [x for x, _, _ in o["meta_info"]["output_token_logprobs"]]
+        assert max(abs(a - b) for a, b in zip(got, ref)) < 1e-3
     stats = engine.rhyme_stats()
     # the cost model measured both step kinds (it explores each once per batch-size bucket)
     assert stats["decode_steps"]["spec"] > 0 and stats["decode_steps"]["plain"] > 0

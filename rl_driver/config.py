@@ -1,0 +1,299 @@
+"""Typed run configuration: frozen dataclasses loaded from YAML, with errors that name the bad key.
+
+A config file has one mapping per section (``engine``, ``rollout``, ``task``, ``train``,
+``sync``, ``loop``) plus ``name``, ``model`` and ``seed`` at the top. Unknown keys and bad
+values raise ``ConfigError`` (a ``ValueError``) naming ``section.key`` and the value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message names the key and the value."""
+
+
+def _check(cond: bool, key: str, value: Any, why: str) -> None:
+    if not cond:
+        raise ConfigError(f"config key {key!r}: {why}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How each rollout engine is started."""
+
+    num_engines: int = 1
+    dtype: str = "bfloat16"
+    rhyme: bool = True
+    speculative_num_draft_tokens: int = 8
+    rhyme_schedule_policy: str = "lpt"
+    max_total_tokens: int = 16384
+    mem_fraction_static: float = 0.5
+    sleep_on_idle: bool = True  # idle schedulers block instead of spinning (CPU for the trainer)
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        _check(isinstance(self.num_engines, int) and self.num_engines >= 1,
+               "engine.num_engines", self.num_engines, "must be an int >= 1")
+        _check(self.dtype in ("bfloat16", "float32", "float16"), "engine.dtype", self.dtype,
+               "must be bfloat16, float16 or float32")
+        _check(isinstance(self.rhyme, bool), "engine.rhyme", self.rhyme, "must be true or false")
+        _check(isinstance(self.speculative_num_draft_tokens, int)
+               and 1 <= self.speculative_num_draft_tokens <= 64,
+               "engine.speculative_num_draft_tokens", self.speculative_num_draft_tokens,
+               "must be an int in [1, 64]")
+        _check(0 < self.mem_fraction_static < 1, "engine.mem_fraction_static",
+               self.mem_fraction_static, "must be in (0, 1)")
+
+    def server_args(self, model_path: str) -> Dict[str, Any]:
+        """Keyword arguments for ``rhyme_sglang.Engine``."""
+        args: Dict[str, Any] = dict(
+            model_path=model_path, dtype=self.dtype, log_level="warning",
+            max_total_tokens=self.max_total_tokens, mem_fraction_static=self.mem_fraction_static,
+            sleep_on_idle=self.sleep_on_idle,
+        )
+        if self.rhyme:
+            args.update(speculative_algorithm="RHYME",
+                        speculative_num_draft_tokens=self.speculative_num_draft_tokens,
+                        rhyme_schedule_policy=self.rhyme_schedule_policy)
+        args.update(self.extra)
+        return args
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Sampling and multi-engine balancing."""
+
+    group_size: int = 4
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 128
+    balance: str = "lpt"  # lpt | round_robin
+    migrate: bool = True
+    default_predicted_length: float = 64.0
+    overrun_factor: float = 1.5
+    poll_interval_s: float = 0.25
+    stop_token_ids: tuple = ()
+
+    def __post_init__(self):
+        _check(isinstance(self.group_size, int) and self.group_size >= 1,
+               "rollout.group_size", self.group_size, "must be an int >= 1")
+        _check(self.temperature >= 0, "rollout.temperature", self.temperature, "must be >= 0")
+        _check(0 < self.top_p <= 1, "rollout.top_p", self.top_p, "must be in (0, 1]")
+        _check(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1,
+               "rollout.max_new_tokens", self.max_new_tokens, "must be an int >= 1")
+        _check(self.balance in ("lpt", "round_robin"), "rollout.balance", self.balance,
+               "must be 'lpt' or 'round_robin'")
+        _check(self.default_predicted_length > 0, "rollout.default_predicted_length",
+               self.default_predicted_length, "must be > 0")
+        _check(self.overrun_factor >= 1, "rollout.overrun_factor", self.overrun_factor,
+               "must be >= 1")
+
+    def sampling_params(self) -> Dict[str, Any]:
+        params = {"temperature": self.temperature, "top_p": self.top_p,
+                  "max_new_tokens": self.max_new_tokens}
+        if self.stop_token_ids:
+            params["stop_token_ids"] = list(self.stop_token_ids)
+        return params
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """Where prompts come from and how responses are scored."""
+
+    kind: str = "reasoning_gym"  # reasoning_gym | target_token
+    dataset: str = "chain_sum"
+    dataset_config: Dict[str, Any] = field(default_factory=dict)
+    num_prompts: int = 8
+    few_shot: int = 2
+    reward_fn: str = "rl_driver.rewards.reasoning_gym_reward"
+    target_token_id: int = -1  # target_token task: the target; -1 = ids divisible by modulus
+    target_modulus: int = 4
+    prompt_length: int = 8  # target_token task: random prompt length
+
+    def __post_init__(self):
+        _check(self.kind in ("reasoning_gym", "target_token"), "task.kind", self.kind,
+               "must be 'reasoning_gym' or 'target_token'")
+        _check(isinstance(self.num_prompts, int) and self.num_prompts >= 1,
+               "task.num_prompts", self.num_prompts, "must be an int >= 1")
+        _check(isinstance(self.reward_fn, str) and "." in self.reward_fn, "task.reward_fn",
+               self.reward_fn, "must be a dotted path 'package.module.function'")
+        _check(isinstance(self.target_modulus, int) and self.target_modulus >= 1,
+               "task.target_modulus", self.target_modulus, "must be an int >= 1")
+        _check(0 <= self.few_shot <= 8, "task.few_shot", self.few_shot, "must be in [0, 8]")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The GRPO update."""
+
+    lr: float = 5e-6
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    micro_batch_size: int = 8
+    num_minibatches: int = 1
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.28
+    kl_coef: float = 0.0
+    dtype: str = "float32"
+    autocast_bf16: bool = False
+    adv_eps: float = 1e-6
+    old_logprobs: str = "rollout"  # rollout (engine logprobs) | recompute (trainer forward)
+    num_threads: int = 0  # torch threads in the trainer; 0 = all cores (engines idle meanwhile)
+
+    def __post_init__(self):
+        _check(self.lr > 0, "train.lr", self.lr, "must be > 0")
+        _check(self.weight_decay >= 0, "train.weight_decay", self.weight_decay, "must be >= 0")
+        _check(self.grad_clip > 0, "train.grad_clip", self.grad_clip, "must be > 0")
+        _check(isinstance(self.micro_batch_size, int) and self.micro_batch_size >= 1,
+               "train.micro_batch_size", self.micro_batch_size, "must be an int >= 1")
+        _check(isinstance(self.num_minibatches, int) and self.num_minibatches >= 1,
+               "train.num_minibatches", self.num_minibatches, "must be an int >= 1")
+        _check(0 <= self.clip_eps_low < 1, "train.clip_eps_low", self.clip_eps_low,
+               "must be in [0, 1)")
+        _check(self.clip_eps_high >= 0, "train.clip_eps_high", self.clip_eps_high, "must be >= 0")
+        _check(self.kl_coef >= 0, "train.kl_coef", self.kl_coef, "must be >= 0")
+        _check(self.old_logprobs in ("rollout", "recompute"), "train.old_logprobs",
+               self.old_logprobs, "must be 'rollout' or 'recompute'")
+        _check(isinstance(self.num_threads, int) and self.num_threads >= 0, "train.num_threads",
+               self.num_threads, "must be an int >= 0")
+        _check(self.dtype in ("float32", "bfloat16"), "train.dtype", self.dtype,
+               "must be float32 or bfloat16")
+
+
+@dataclass(frozen=True)
+class SyncConfig:
+    """How trained weights reach the engines."""
+
+    method: str = "tensor"  # tensor | distributed | disk
+    bucket_mb: float = 64.0
+    backend: str = "auto"  # distributed: auto (gloo on CPU, nccl on GPU) | gloo | nccl
+    master_address: str = "127.0.0.1"
+
+    def __post_init__(self):
+        _check(self.method in ("tensor", "distributed", "disk"), "sync.method", self.method,
+               "must be 'tensor', 'distributed' or 'disk'")
+        _check(self.bucket_mb > 0, "sync.bucket_mb", self.bucket_mb, "must be > 0")
+        _check(self.backend in ("auto", "gloo", "nccl"), "sync.backend", self.backend,
+               "must be 'auto', 'gloo' or 'nccl'")
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    """Epochs, outputs, checkpoints and fault tolerance."""
+
+    epochs: int = 3
+    output_dir: str = "runs"
+    checkpoint: bool = True
+    max_actor_restarts: int = 3
+    trace: bool = True
+    report: bool = True
+    ray_num_cpus: int = 0  # 0 = let Ray decide
+
+    def __post_init__(self):
+        _check(isinstance(self.epochs, int) and self.epochs >= 1, "loop.epochs", self.epochs,
+               "must be an int >= 1")
+        _check(isinstance(self.max_actor_restarts, int) and self.max_actor_restarts >= 0,
+               "loop.max_actor_restarts", self.max_actor_restarts, "must be an int >= 0")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """A whole run: model, seed and the section configs."""
+
+    name: str = "run"
+    model: str = "tiny"
+    seed: int = 0
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    loop: LoopConfig = field(default_factory=LoopConfig)
+
+    def __post_init__(self):
+        _check(isinstance(self.name, str) and self.name and "/" not in self.name, "name",
+               self.name, "must be a non-empty string without '/'")
+        _check(isinstance(self.model, str) and self.model, "model", self.model,
+               "must be 'tiny', 'smollm2' or a model folder")
+        _check(isinstance(self.seed, int), "seed", self.seed, "must be an int")
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.loop.output_dir) / self.name
+
+    def replace(self, **changes) -> "RunConfig":
+        return dataclasses.replace(self, **changes)
+
+
+SECTIONS = {"engine": EngineConfig, "rollout": RolloutConfig, "task": TaskConfig,
+            "train": TrainConfig, "sync": SyncConfig, "loop": LoopConfig}
+
+
+def _build_section(name: str, cls, raw: Any):
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"config section {name!r} must be a mapping, got {raw!r}")
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in raw.items():
+        if key not in known:
+            raise ConfigError(f"unknown config key {name}.{key!s} (known: {sorted(known)})")
+        default = known[key].default
+        if isinstance(default, bool) and not isinstance(value, bool):
+            raise ConfigError(f"config key '{name}.{key}': must be true or false, got {value!r}")
+        if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if isinstance(default, (int, float)) and not isinstance(default, bool) and (
+                isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ConfigError(f"config key '{name}.{key}': must be a number, got {value!r}")
+        if isinstance(default, tuple) and isinstance(value, list):
+            value = tuple(value)
+        kwargs[key] = value
+    return cls(**kwargs)
+
+
+def config_from_dict(raw: Mapping[str, Any], overrides: Optional[Mapping[str, Any]] = None) -> RunConfig:
+    """Build a ``RunConfig``; ``overrides`` maps ``"section.key"`` (or a top key) to a value."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"a config must be a mapping at the top level, got {type(raw).__name__}")
+    raw = {k: (dict(v) if isinstance(v, Mapping) else v) for k, v in raw.items()}
+    for dotted, value in (overrides or {}).items():
+        section, _, key = dotted.partition(".")
+        if key:
+            raw.setdefault(section, {})
+            if not isinstance(raw[section], dict):
+                raise ConfigError(f"config section {section!r} must be a mapping")
+            raw[section][key] = value
+        else:
+            raw[section] = value
+    top = {}
+    for key, value in raw.items():
+        if key in SECTIONS:
+            top[key] = _build_section(key, SECTIONS[key], value if value is not None else {})
+        elif key in ("name", "model", "seed"):
+            top[key] = value
+        else:
+            raise ConfigError(f"unknown config key {key!r} (known: name, model, seed, "
+                              f"{', '.join(SECTIONS)})")
+    return RunConfig(**top)
+
+
+def load_config(path: str, overrides: Optional[Mapping[str, Any]] = None) -> RunConfig:
+    """Read a YAML config file; errors name the file and the bad key."""
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {path!r} does not exist")
+    try:
+        raw = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path!r} is not valid YAML: {exc}") from None
+    try:
+        return config_from_dict(raw, overrides)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None

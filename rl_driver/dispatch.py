@@ -1,0 +1,206 @@
+"""One rollout over the engine pool: per-request dispatch, overrun migration, failure recovery.
+
+Every response is a ``Job``. Jobs start on the engine their group was assigned to. While
+generating, when an engine has gone idle and another still runs jobs that overran their
+predicted length, those jobs are aborted on the busy engine (which returns the tokens and
+logprobs generated so far) and continued on the idle one with ``prompt + prefix`` as input
+and the remaining token budget: the concatenated response is a sample of the same policy
+(lossless). If an actor dies, finished responses are already here; the pool restarts the
+actor (weights + history snapshot) and its unfinished jobs are re-issued from the last
+prefix the driver holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from rl_driver.balance import utilisation
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Job:
+    """One response in the making (mutable driver-side bookkeeping)."""
+
+    prompt_id: str
+    sample: int
+    prompt_ids: List[int]
+    predicted: float
+    max_new_tokens: int
+    engine: int = 0
+    response_ids: List[int] = field(default_factory=list)
+    logprobs: List[float] = field(default_factory=list)
+    finish_reason: str = ""
+    attempts: int = 0
+    migrations: int = 0
+    reissues: int = 0
+    spec_verify_ct: int = 0
+    engines: List[int] = field(default_factory=list)
+    migrate_to: Optional[int] = None
+    final_generation: int = -1  # the engine actor generation that finished the job
+
+    @property
+    def key(self) -> str:
+        return f"{self.prompt_id}/{self.sample}"
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new_tokens - len(self.response_ids)
+
+
+@dataclass(frozen=True)
+class DispatchConfig:
+    sampling_params: Dict[str, Any]
+    migrate: bool = True
+    overrun_factor: float = 1.5
+    poll_interval_s: float = 0.25
+    min_remaining_tokens: int = 8
+    max_migrations: int = 2
+    max_restarts: int = 3
+
+
+@dataclass
+class RolloutResult:
+    jobs: List[Job]
+    stats: Dict[str, Any]
+    busy: Dict[int, List[Tuple[float, float]]]
+
+
+class Dispatcher:
+    """Runs jobs on ``pool.actors``; ``restart(i)`` is called when actor ``i`` dies."""
+
+    def __init__(self, pool, config: DispatchConfig, tag: str = "",
+                 restart: Optional[Callable[[int], None]] = None,
+                 after_submit: Optional[Callable[[], None]] = None):
+        self.pool = pool
+        self.config = config
+        self.tag = tag
+        self.restart = restart or pool.restart
+        self.after_submit = after_submit  # called once all jobs are in flight (tests, tracing)
+        self._pending: Dict[Any, Tuple[Job, int]] = {}  # ref -> (job, actor generation)
+        self.generation = [0] * pool.num_engines  # bumped when an engine is restarted
+        self._busy: Dict[int, List[Tuple[float, float]]] = {}
+        self._restarts = 0
+        self._migrations = 0
+
+    def _submit(self, job: Job, engine: int) -> None:
+        job.engine = engine
+        job.attempts += 1
+        job.engines.append(engine)
+        params = dict(self.config.sampling_params, max_new_tokens=job.remaining)
+        request = {"rid": f"{self.tag}{job.key}#{job.attempts}", "prompt_id": job.prompt_id,
+                   "sample": job.sample, "input_ids": job.prompt_ids + job.response_ids,
+                   "sampling_params": params}
+        ref = self.pool.actors[engine].generate_one.remote(request)
+        self._pending[ref] = (job, self.generation[engine])
+
+    def _on_result(self, job: Job, res: Dict[str, Any], generation: int) -> bool:
+        """Fold one segment into the job; True when the job is finished."""
+        job.final_generation = generation
+        self._busy.setdefault(job.engine, []).append((res["start_s"], res["end_s"]))
+        job.response_ids += res["output_ids"]
+        job.logprobs += res["logprobs"]
+        job.spec_verify_ct += res["spec_verify_ct"]
+        if res["finish_reason"] != "abort":
+            job.finish_reason = "length" if res["finish_reason"] == "length" else "stop"
+            return True
+        if job.remaining <= 0:
+            job.finish_reason = "length"
+            return True
+        target, job.migrate_to = job.migrate_to, None
+        if target is not None:
+            job.migrations += 1
+            self._migrations += 1
+        self._submit(job, job.engine if target is None else target)
+        return False
+
+    def _on_failure(self, job: Job, generation: int, exc: Exception) -> None:
+        e = job.engine
+        if generation == self.generation[e]:  # first news of this death: restart once
+            self._restarts += 1
+            if self._restarts > self.config.max_restarts:
+                raise RuntimeError(f"engine{e} died and the restart budget "
+                                   f"({self.config.max_restarts}) is spent") from exc
+            logger.warning("engine%d died (%s); restarting it", e, type(exc).__name__)
+            self.generation[e] += 1
+            self.restart(e)
+        job.reissues += 1
+        job.migrate_to = None
+        job.engines.append(-1)  # marks the lost attempt
+        self._submit(job, e)
+
+    def _maybe_migrate(self) -> None:
+        n = self.pool.num_engines
+        load = [0] * n
+        for job, _ in self._pending.values():
+            load[job.engine] += 1
+        idle = [e for e in range(n) if load[e] == 0]
+        if not idle or max(load) <= 1:
+            return
+        import ray
+
+        busy = max(range(n), key=lambda e: load[e])
+        try:
+            progress = ray.get(self.pool.actors[busy].progress.remote(), timeout=10)
+        except Exception:  # a dying actor: the failure path handles it
+            return
+        candidates = []
+        for job, _ in self._pending.values():
+            if job.engine != busy or job.migrate_to is not None:
+                continue
+            rid = f"{self.tag}{job.key}#{job.attempts}"
+            done = len(job.response_ids) + progress.get(rid, 0)
+            left = job.max_new_tokens - done
+            if (rid in progress and job.migrations < self.config.max_migrations
+                    and done > self.config.overrun_factor * job.predicted
+                    and left >= self.config.min_remaining_tokens):
+                candidates.append((done - job.predicted, rid, job))
+        if not candidates:
+            return
+        candidates.sort(key=lambda c: -c[0])
+        take = candidates[:max(1, math.ceil(load[busy] * len(idle) / (len(idle) + 1)))]
+        for k, (_, _, job) in enumerate(take):
+            job.migrate_to = idle[k % len(idle)]
+        self.pool.actors[busy].abort.remote([rid for _, rid, _ in take])
+        logger.info("migrating %d overrun requests from engine%d to %s", len(take), busy, idle)
+
+    def run(self, assignment: List[List[Job]]) -> RolloutResult:
+        import ray
+        from ray.exceptions import RayActorError
+
+        jobs = [j for eng in assignment for j in eng]
+        start = time.time()
+        for e, eng_jobs in enumerate(assignment):
+            for job in eng_jobs:
+                self._submit(job, e)
+        if self.after_submit is not None:
+            self.after_submit()
+        while self._pending:
+            done, _ = ray.wait(list(self._pending), num_returns=len(self._pending),
+                               timeout=self.config.poll_interval_s)
+            for ref in done:
+                job, generation = self._pending.pop(ref)
+                try:
+                    res = ray.get(ref)
+                except RayActorError as exc:
+                    self._on_failure(job, generation, exc)
+                    continue
+                self._on_result(job, res, generation)
+            if self.config.migrate and self._pending:
+                self._maybe_migrate()
+        end = time.time()
+        stats = utilisation(self._busy, self.pool.num_engines, start, end)
+        tokens = sum(len(j.response_ids) for j in jobs)
+        verify = sum(j.spec_verify_ct for j in jobs)
+        stats.update({
+            "response_tokens": tokens, "tokens_per_s": tokens / stats["makespan_s"],
+            "tau": tokens / verify if verify else 1.0, "migrations": self._migrations,
+            "restarts": self._restarts, "reissued": sum(j.reissues for j in jobs),
+            "start_s": start,
+        })
+        return RolloutResult(jobs=jobs, stats=stats, busy=self._busy)

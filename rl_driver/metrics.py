@@ -1,0 +1,86 @@
+"""Run bookkeeping on disk: loop state (for ``--resume``), metrics JSONL, and the rollout trace."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List
+
+from rhyme_sglang.core import TraceRecord, read_trace, write_trace
+
+
+@dataclass
+class RunState:
+    """What a resumed run needs besides the trainer checkpoint and the history snapshots."""
+
+    next_epoch: int = 0
+    weight_version: int = 0
+    affinity: Dict[str, int] = field(default_factory=dict)  # prompt_id -> engine last epoch
+    first_epoch_of_process: int = 0
+
+    @classmethod
+    def load(cls, run_dir: Path) -> "RunState":
+        path = Path(run_dir) / "state.json"
+        if not path.exists():
+            raise ValueError(f"cannot resume: {path} does not exist (no finished epoch)")
+        raw = json.loads(path.read_text())
+        state = cls(next_epoch=int(raw["next_epoch"]), weight_version=int(raw["weight_version"]),
+                    affinity={k: int(v) for k, v in raw["affinity"].items()})
+        state.first_epoch_of_process = state.next_epoch
+        return state
+
+    def save(self, run_dir: Path) -> None:
+        path = Path(run_dir) / "state.json"
+        tmp = path.with_suffix(".json.tmp")
+        data = asdict(self)
+        data.pop("first_epoch_of_process")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+
+
+def append_metrics(path: Path, metrics: Dict[str, Any]) -> None:
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(metrics) + "\n")
+
+
+def read_metrics(path: Path) -> List[Dict[str, Any]]:
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class TraceLog:
+    """All finished responses of the run, rewritten atomically after every epoch."""
+
+    def __init__(self, path: Path, keep: bool = False, before_epoch: int = 1 << 30):
+        self.path = Path(path)
+        self.records: List[TraceRecord] = []
+        if keep and self.path.exists():
+            self.records = [r for r in read_trace(str(self.path)) if r.epoch < before_epoch]
+
+    def add_epoch(self, epoch: int, jobs, rewards: Dict[str, float]) -> None:
+        self.records = [r for r in self.records if r.epoch != epoch]
+        for j in jobs:
+            self.records.append(TraceRecord(
+                prompt_id=j.prompt_id, epoch=epoch, sample=j.sample,
+                prompt_token_ids=list(j.prompt_ids), response_token_ids=list(j.response_ids),
+                reward=float(rewards[j.key]), finish_reason=j.finish_reason or "stop"))
+        write_trace(str(self.path), self.records)
+
+    @property
+    def meta_path(self) -> Path:
+        name = self.path.name
+        for suffix in (".jsonl.gz", ".jsonl"):
+            if name.endswith(suffix):
+                name = name[: -len(suffix)]
+        return self.path.with_name(name + ".meta.json")
+
+    def write_meta(self, **meta: Any) -> Path:
+        metrics = read_metrics(self.path.parent / "metrics.jsonl")
+        meta["metrics"] = [{k: v for k, v in m.items() if k != "timeline"} for m in metrics]
+        meta["num_records"] = len(self.records)
+        self.meta_path.write_text(json.dumps(meta, indent=2, default=str))
+        return self.meta_path

@@ -1,0 +1,90 @@
+"""``EnginePool``: the driver's set of ``RolloutActor``s, with restart-from-snapshot on failure."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+logger = logging.getLogger(__name__)
+
+
+class EnginePool:
+    """Starts ``num_engines`` actors in parallel; ``restart(i)`` replaces a dead one and
+    restores its RHYME history from the last snapshot (``snapshot_all`` writes them)."""
+
+    def __init__(self, engine_kwargs: Dict[str, Any], num_engines: int, rhyme: bool,
+                 snapshot_dir: Optional[str] = None, num_cpus_per_engine: float = 0.0):
+        self.engine_kwargs = dict(engine_kwargs)
+        self.num_engines = num_engines
+        self.rhyme = rhyme
+        self.snapshot_dir = Path(snapshot_dir) if snapshot_dir else None
+        self.num_cpus = num_cpus_per_engine
+        self.restarts = 0
+        self.weight_version = 0
+        self.actors: List[Any] = [self._spawn(i) for i in range(num_engines)]
+        self.wait_ready()
+
+    def _spawn(self, i: int):
+        from rl_driver.rollout import make_rollout_actor
+
+        return make_rollout_actor(self.engine_kwargs, rhyme=self.rhyme, name=f"engine{i}",
+                                  num_cpus=self.num_cpus)
+
+    def wait_ready(self, indices: Optional[List[int]] = None) -> None:
+        import ray
+
+        indices = list(range(self.num_engines)) if indices is None else indices
+        ray.get([self.actors[i].ready.remote() for i in indices])
+
+    def snapshot_path(self, i: int) -> Optional[str]:
+        return str(self.snapshot_dir / f"engine{i}.rhyme") if self.snapshot_dir else None
+
+    def snapshot_all(self) -> int:
+        """``rhyme_save`` every engine's history (no-op without RHYME); returns how many saved."""
+        import ray
+
+        if not (self.rhyme and self.snapshot_dir):
+            return 0
+        self.snapshot_dir.mkdir(parents=True, exist_ok=True)
+        return sum(ray.get([a.rhyme_save.remote(self.snapshot_path(i))
+                            for i, a in enumerate(self.actors)]))
+
+    def restart(self, i: int, weights_loader=None) -> None:
+        """Replace engine ``i``: kill it if still alive, start a fresh one, reload the current
+        weights (``weights_loader(actor)``) and its history snapshot."""
+        import ray
+
+        logger.warning("restarting engine%d", i)
+        try:
+            ray.kill(self.actors[i])
+        except Exception:  # already gone
+            pass
+        self.restarts += 1
+        self.actors[i] = self._spawn(i)
+        self.wait_ready([i])
+        if weights_loader is not None:
+            weights_loader(self.actors[i])
+        path = self.snapshot_path(i)
+        if self.rhyme and path and os.path.exists(path):
+            ray.get(self.actors[i].rhyme_load.remote(path))
+            logger.info("engine%d history restored from %s", i, path)
+
+    def call_all(self, method: str, *args, **kwargs) -> List[Any]:
+        import ray
+
+        return ray.get([getattr(a, method).remote(*args, **kwargs) for a in self.actors])
+
+    def shutdown(self) -> None:
+        import ray
+
+        for a in self.actors:
+            try:
+                ray.get(a.shutdown.remote(), timeout=60)
+            except Exception:
+                pass
+            try:
+                ray.kill(a)
+            except Exception:
+                pass

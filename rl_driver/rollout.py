@@ -1,0 +1,262 @@
+"""``RolloutActor``: a Ray actor owning one rhyme-sglang engine, with the RL framework method set.
+
+Methods follow the names OpenRLHF/verl/slime rollout workers already call: ``generate``,
+``init_process_group``, ``update_weight``, ``update_weights_from_tensor``,
+``update_weights_from_disk``, ``reset_prefix_cache``, ``sleep``/``wake_up``,
+``pause_generation``/``resume_generation``, ``get_num_unfinished_requests``; plus the driver's
+per-request ``generate_one`` (streamed, so ``progress`` can report tokens in flight, and
+``abort`` returns the partial output for lossless migration) and the RHYME history calls
+(``rhyme_set_rewards``, ``rhyme_advance_epoch``, ``rhyme_stats``, ``rhyme_save``,
+``rhyme_load``, ``rhyme_reset``, ``rhyme_predict_lengths``). When RHYME is off the history
+calls are answered locally (empty stats, no predictions) and never reach the engine.
+
+All methods are ``async`` (a Ray async actor), so many ``generate_one`` calls run at once
+and the engine batches them; blocking engine calls run in worker threads. Create it with
+:func:`make_rollout_actor`. ``sleep``/``wake_up`` map to sglang's release/resume memory
+occupation on GPU and are documented no-ops on CPU (the CPU backend has no memory saver).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Dict, List, Optional
+
+from rl_driver.engine_host import EngineHost
+
+logger = logging.getLogger(__name__)
+
+
+def _ok(result) -> tuple:
+    """sglang answers weight calls with a tuple ``(success, message, ...)`` or an object."""
+    if isinstance(result, tuple):
+        return bool(result[0]), str(result[1]) if len(result) > 1 else ""
+    return bool(getattr(result, "success", True)), str(getattr(result, "message", ""))
+
+
+def finish_type(meta: Dict[str, Any]) -> str:
+    reason = meta.get("finish_reason")
+    return reason.get("type", "stop") if isinstance(reason, dict) else str(reason or "stop")
+
+
+class RolloutActor:
+    """One engine per actor process (sglang keeps server args in process-global state)."""
+
+    def __init__(self, engine_kwargs: Dict[str, Any], rhyme: bool = False, name: str = "engine"):
+        import os
+
+        os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        logging.basicConfig(level=logging.INFO)
+        self.name = name
+        self.rhyme = rhyme
+        self.engine_kwargs = dict(engine_kwargs)
+        self.host = EngineHost(self.engine_kwargs)
+        self.engine = self.host.engine
+        self.weight_version = 0
+        self._progress: Dict[str, int] = {}
+        self._sleeping = False
+
+    async def _blocking(self, fn, *args, **kwargs):
+        return await asyncio.to_thread(fn, *args, **kwargs)
+
+    # ---- generation -------------------------------------------------------------------------
+    async def ready(self) -> Dict[str, Any]:
+        return {"name": self.name, "rhyme": self.rhyme, "weight_version": self.weight_version}
+
+    async def _stream(self, rid: str, input_ids: List[int], params: Dict[str, Any]):
+        gen = await self.engine.async_generate(input_ids=input_ids, sampling_params=params,
+                                               rid=rid, stream=True, return_logprob=True)
+        last = None
+        async for chunk in gen:
+            last = chunk
+            self._progress[rid] = len(chunk["output_ids"])
+        return last
+
+    async def generate_one(self, request: Dict[str, Any]) -> Dict[str, Any]:
+        """Generate one response. ``request``: rid, input_ids, sampling_params, and optionally
+        prompt_id/sample (sent to RHYME as ``custom_params``). Returns output ids, logprobs,
+        the finish type ('stop' | 'length' | 'abort'), spec stats and actor-side timestamps."""
+        rid = request["rid"]
+        params = dict(request["sampling_params"])
+        if self.rhyme and "prompt_id" in request:
+            params["custom_params"] = {"rhyme_prompt_id": str(request["prompt_id"]),
+                                       "rhyme_sample": int(request.get("sample", 0))}
+        start = time.time()
+        self._progress[rid] = 0
+        try:
+            out = await asyncio.wrap_future(
+                self.host.submit(self._stream(rid, list(request["input_ids"]), params)))
+        finally:
+            self._progress.pop(rid, None)
+        meta = out["meta_info"]
+        logprobs = [float(lp[0]) for lp in meta.get("output_token_logprobs") or []]
+        return {
+            "rid": rid, "engine": self.name, "output_ids": list(out["output_ids"]),
+            "logprobs": logprobs, "finish_reason": finish_type(meta),
+            "spec_verify_ct": int(meta.get("spec_verify_ct") or 0),
+            "completion_tokens": int(meta.get("completion_tokens") or len(out["output_ids"])),
+            "start_s": start, "end_s": time.time(), "weight_version": self.weight_version,
+        }
+
+    async def generate(self, input_ids: List[List[int]], sampling_params: Any,
+                       rids: Optional[List[str]] = None) -> List[Dict[str, Any]]:
+        """Batch generation (the OpenRLHF/verl-style call): one dict per prompt."""
+        rids = rids or [f"{self.name}-{time.monotonic_ns()}-{i}" for i in range(len(input_ids))]
+        params = sampling_params if isinstance(sampling_params, list) else \
+            [sampling_params] * len(input_ids)
+        return list(await asyncio.gather(*[
+            self.generate_one({"rid": r, "input_ids": ids, "sampling_params": p})
+            for r, ids, p in zip(rids, input_ids, params)]))
+
+    async def progress(self) -> Dict[str, int]:
+        """Tokens generated so far by each request in flight."""
+        return dict(self._progress)
+
+    async def abort(self, rids: List[str]) -> int:
+        """Abort requests; their ``generate_one`` returns the partial output ('abort')."""
+        n = 0
+        for rid in rids:
+            if rid in self._progress:
+                self.host.call_soon(self.engine.tokenizer_manager.abort_request, rid)
+                n += 1
+        return n
+
+    async def get_num_unfinished_requests(self) -> int:
+        return len(self._progress)
+
+    async def pause_generation(self, mode: str = "in_place"):
+        return await self._blocking(self.engine.pause_generation, mode)
+
+    async def resume_generation(self):
+        return await self._blocking(self.engine.continue_generation)
+
+    async def reset_prefix_cache(self) -> bool:
+        return await self._blocking(self.engine.flush_cache_blocking)
+
+    async def sleep(self, level: int = 1) -> bool:
+        """Release KV/weight memory (GPU); a no-op returning False on CPU."""
+        if self.engine_kwargs.get("enable_memory_saver") and not _on_cpu():
+            await self._blocking(self.engine.release_memory_occupation)
+            self._sleeping = True
+            return True
+        return False
+
+    async def wake_up(self) -> bool:
+        if self._sleeping:
+            await self._blocking(self.engine.resume_memory_occupation)
+            self._sleeping = False
+            return True
+        return False
+
+    # ---- weights ---------------------------------------------------------------------------
+    async def begin_weight_update(self):
+        return await self._blocking(self.engine.begin_weight_update)
+
+    async def end_weight_update(self, weight_version: Optional[int] = None):
+        result = await self._blocking(self.engine.end_weight_update)
+        if weight_version is not None:
+            self.weight_version = int(weight_version)
+        return _ok(result)
+
+    async def update_weights_from_tensor(self, named_tensors, flush_cache: bool = False):
+        """Load ``[(name, tensor)]`` (call inside begin/end_weight_update)."""
+        result = await self._blocking(self.engine.update_weights_from_tensor, named_tensors,
+                                      flush_cache=flush_cache)
+        ok, message = _ok(result)
+        if not ok:
+            raise RuntimeError(f"{self.name}: update_weights_from_tensor failed: {message}")
+        return ok
+
+    async def update_weights_from_disk(self, path: str, weight_version: Optional[int] = None):
+        ok, message = _ok(await self._blocking(self.engine.update_weights_from_disk, path))
+        if not ok:
+            raise RuntimeError(f"{self.name}: update_weights_from_disk failed: {message}")
+        if weight_version is not None:
+            self.weight_version = int(weight_version)
+        return ok
+
+    async def init_process_group(self, master_address: str, master_port: int, rank_offset: int,
+                                 world_size: int, group_name: str, backend: str = "gloo"):
+        ok, message = _ok(await self._blocking(
+            self.engine.init_weights_update_group, master_address, master_port, rank_offset,
+            world_size, group_name, backend))
+        if not ok:
+            raise RuntimeError(f"{self.name}: init_weights_update_group failed: {message}")
+        return ok
+
+    async def update_weights_from_distributed(self, names, dtypes, shapes, group_name: str,
+                                              flush_cache: bool = False):
+        ok, message = _ok(await self._blocking(
+            self.engine.update_weights_from_distributed, names, dtypes, shapes, group_name,
+            flush_cache))
+        if not ok:
+            raise RuntimeError(f"{self.name}: update_weights_from_distributed failed: {message}")
+        return ok
+
+    async def update_weight(self, name: str, dtype: str, shape, group_name: str = "rhyme_sync"):
+        """OpenRLHF's per-parameter broadcast receive."""
+        return await self.update_weights_from_distributed([name], [str(dtype).replace(
+            "torch.", "")], [list(shape)], group_name)
+
+    async def set_weight_version(self, version: int) -> None:
+        self.weight_version = int(version)
+
+    # ---- RHYME history ---------------------------------------------------------------------
+    async def rhyme_set_rewards(self, rewards: List[Dict[str, Any]]) -> Dict[str, Any]:
+        if not self.rhyme:
+            return {"updated": 0}
+        return await self._blocking(self.engine.rhyme_set_rewards, rewards)
+
+    async def rhyme_advance_epoch(self) -> int:
+        if not self.rhyme:
+            return -1
+        return await self._blocking(self.engine.rhyme_advance_epoch)
+
+    async def rhyme_stats(self) -> Dict[str, Any]:
+        if not self.rhyme:
+            return {}
+        return dict(await self._blocking(self.engine.rhyme_stats))
+
+    async def rhyme_save(self, path: str) -> bool:
+        if not self.rhyme:
+            return False
+        await self._blocking(self.engine.rhyme_save, path)
+        return True
+
+    async def rhyme_load(self, path: str) -> bool:
+        if not self.rhyme:
+            return False
+        await self._blocking(self.engine.rhyme_load, path)
+        return True
+
+    async def rhyme_reset(self) -> bool:
+        if self.rhyme:
+            await self._blocking(self.engine.rhyme_reset)
+        return self.rhyme
+
+    async def rhyme_predict_lengths(self, prompts: List[List[int]]) -> Optional[List[float]]:
+        """Predicted response lengths, or None when RHYME is off (the caller's default)."""
+        if not self.rhyme:
+            return None
+        return [float(x) for x in await self._blocking(self.engine.rhyme_predict_lengths, prompts)]
+
+    async def shutdown(self) -> None:
+        self.host.shutdown()
+
+
+def _on_cpu() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def make_rollout_actor(engine_kwargs: Dict[str, Any], rhyme: bool = False, name: str = "engine",
+                       num_cpus: float = 1, max_concurrency: int = 1000):
+    """Start a ``RolloutActor`` under Ray (call ``ray.get(actor.ready.remote())`` to wait)."""
+    import ray
+
+    cls = ray.remote(RolloutActor)
+    return cls.options(num_cpus=num_cpus, max_concurrency=max_concurrency,
+                       name=None).remote(engine_kwargs, rhyme=rhyme, name=name)

@@ -1,0 +1,97 @@
+"""Prompt sets for the loop: reasoning-gym chat prompts and a synthetic target-token task.
+
+A ``Prompt`` carries its id, token ids and whatever the reward function needs (``entry``).
+The same prompts are used every epoch (history drafting relies on that).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any, Dict, List
+
+from rl_driver.config import TaskConfig
+
+INSTRUCTION = "Reason briefly step by step, then give the final answer inside <answer>...</answer>."
+SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+FEW_SHOT = [
+    ("Calculate 3 + 4.", "We add 4 to 3: 3 + 4 = 7.\n<answer>7</answer>"),
+    ("State the final answer to the following arithmetic problem: 6 - 2 =",
+     "We subtract 2 from 6: 6 - 2 = 4.\n<answer>4</answer>"),
+    ("Calculate 5 + 2 - 1.", "First 5 + 2 = 7, then 7 - 1 = 6.\n<answer>6</answer>"),
+]
+EASY_DATASET_CONFIGS = {
+    "chain_sum": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
+    "basic_arithmetic": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
+                         "operators": ("+", "-")},
+}
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt of the run (``entry``: task data for the reward function)."""
+
+    prompt_id: str
+    token_ids: List[int]
+    entry: Dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if not self.prompt_id:
+            raise ValueError("prompt_id must be non-empty")
+        if not self.token_ids:
+            raise ValueError(f"prompt {self.prompt_id!r} has no tokens")
+
+
+def chat_messages(question: str, few_shot: int) -> List[Dict[str, str]]:
+    messages = [{"role": "system", "content": SYSTEM}]
+    for q, a in FEW_SHOT[:few_shot]:
+        messages.append({"role": "user", "content": f"{q}\n{INSTRUCTION}"})
+        messages.append({"role": "assistant", "content": a})
+    messages.append({"role": "user", "content": f"{question}\n{INSTRUCTION}"})
+    return messages
+
+
+def reasoning_gym_prompts(cfg: TaskConfig, tokenizer, seed: int) -> List[Prompt]:
+    """``cfg.num_prompts`` chat prompts from a reasoning-gym dataset (easy settings by default)."""
+    import reasoning_gym
+
+    ds_config = dict(EASY_DATASET_CONFIGS.get(cfg.dataset, {}))
+    ds_config.update(cfg.dataset_config)
+    try:
+        dataset = reasoning_gym.create_dataset(cfg.dataset, size=cfg.num_prompts, seed=seed,
+                                               **ds_config)
+    except Exception as exc:
+        raise ValueError(f"task.dataset {cfg.dataset!r} with task.dataset_config {ds_config!r} "
+                         f"could not be created: {exc}") from None
+    prompts = []
+    for i in range(cfg.num_prompts):
+        entry = dataset[i]
+        ids = tokenizer.apply_chat_template(chat_messages(entry["question"], cfg.few_shot),
+                                            add_generation_prompt=True, tokenize=True)
+        if hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        prompts.append(Prompt(
+            prompt_id=f"{cfg.dataset}-{seed}-{i}", token_ids=list(ids),
+            entry={"dataset": cfg.dataset, "dataset_config": ds_config, "seed": seed,
+                   "size": cfg.num_prompts, "index": i, "question": entry["question"],
+                   "answer": entry["answer"], "metadata": entry.get("metadata", {})},
+        ))
+    return prompts
+
+
+def target_token_prompts(cfg: TaskConfig, vocab_size: int, seed: int) -> List[Prompt]:
+    """Random-token prompts for :func:`rl_driver.rewards.target_token_reward`."""
+    rng = random.Random(seed)
+    if cfg.target_token_id >= vocab_size:
+        raise ValueError(f"task.target_token_id {cfg.target_token_id} is outside the vocabulary "
+                         f"({vocab_size})")
+    entry = {"target_token_id": cfg.target_token_id, "target_modulus": cfg.target_modulus}
+    return [Prompt(prompt_id=f"target-{seed}-{i}",
+                   token_ids=[rng.randrange(16, vocab_size) for _ in range(cfg.prompt_length)],
+                   entry=dict(entry)) for i in range(cfg.num_prompts)]
+
+
+def build_prompts(cfg: TaskConfig, tokenizer, seed: int) -> List[Prompt]:
+    if cfg.kind == "reasoning_gym":
+        return reasoning_gym_prompts(cfg, tokenizer, seed)
+    return target_token_prompts(cfg, len(tokenizer), seed)

@@ -1,0 +1,235 @@
+"""``Trainer``: a Ray actor holding a transformers causal LM and doing the GRPO update.
+
+``train_step(samples)`` takes responses with their rollout logprobs and GRPO advantages and
+runs ``num_minibatches`` AdamW steps (gradient accumulation over micro-batches, token-mean
+loss, gradient clipping) with the clipped-ratio loss of :mod:`rl_driver.grpo` and an optional
+KL to a frozen reference copy. Weight export helpers serve :mod:`rl_driver.weight_sync`.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+from rl_driver.config import TrainConfig
+from rl_driver.grpo import LossConfig, grpo_loss, token_logprobs
+
+logger = logging.getLogger(__name__)
+
+
+def _pad_left(seqs: Sequence[Sequence[int]], pad: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, width - len(s):] = torch.tensor(list(s), dtype=torch.long)
+        mask[i, width - len(s):] = 1
+    return ids, mask
+
+
+class Trainer:
+    """Policy model + optimizer. ``samples`` are dicts with ``prompt_ids``, ``response_ids``,
+    ``logprobs`` (rollout, one per response token) and ``advantage``."""
+
+    def __init__(self, model_path: str, config: TrainConfig, seed: int = 0):
+        from transformers import AutoModelForCausalLM
+
+        torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
+        torch.manual_seed(seed)
+        self.config = config
+        self.model_path = model_path
+        dtype = getattr(torch, config.dtype)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+        self.model.config.use_cache = False
+        self.model.train()
+        self.ref_model = None
+        if config.kl_coef > 0:
+            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr,
+                                           weight_decay=config.weight_decay)
+        self.loss_config = LossConfig(config.clip_eps_low, config.clip_eps_high, config.kl_coef)
+        self.version = 0
+        self.pad_id = 0
+
+    def ready(self) -> int:
+        return self.version
+
+    # ---- GRPO ------------------------------------------------------------------------------
+    def _response_logprobs(self, model, ids: torch.Tensor, mask: torch.Tensor,
+                           width: int) -> torch.Tensor:
+        """Logprobs of the last ``width`` tokens of each left-padded row."""
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.config.autocast_bf16)
+        with autocast:
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions,
+                           logits_to_keep=width + 1).logits
+        return token_logprobs(logits[:, :-1], ids[:, -width:])
+
+    def _micro_batch(self, batch: List[Dict[str, Any]]):
+        width = max(len(s["response_ids"]) for s in batch)
+        seqs, old, resp_mask = [], torch.zeros(len(batch), width), torch.zeros(len(batch), width)
+        for i, s in enumerate(batch):
+            n = len(s["response_ids"])
+            if len(s["logprobs"]) != n:
+                raise ValueError(f"sample {i}: {len(s['logprobs'])} logprobs for {n} tokens")
+            # Right-align responses so they all end at the last column (left padding).
+            seqs.append(list(s["prompt_ids"]) + list(s["response_ids"]))
+            old[i, width - n:] = torch.tensor(s["logprobs"], dtype=torch.float32)
+            resp_mask[i, width - n:] = 1.0
+        ids, mask = _pad_left(seqs, self.pad_id)
+        adv = torch.tensor([float(s["advantage"]) for s in batch], dtype=torch.float32)
+        return ids, mask, width, old, resp_mask, adv
+
+    def _recompute_logprobs(self, samples: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+        """The samples with ``logprobs`` replaced by this model's (no grad); the rollout's
+        are kept as ``rollout_logprobs``."""
+        out = []
+        with torch.no_grad():
+            for i in range(0, len(samples), self.config.micro_batch_size):
+                batch = samples[i:i + self.config.micro_batch_size]
+                ids, mask, width, _, resp_mask, _ = self._micro_batch(batch)
+                logp = self._response_logprobs(self.model, ids, mask, width)
+                for row, s in enumerate(batch):
+                    n = len(s["response_ids"])
+                    out.append(dict(s, rollout_logprobs=s["logprobs"],
+                                    logprobs=logp[row, width - n:].tolist()))
+        return out
+
+    def train_step(self, samples: List[Dict[str, Any]]) -> Dict[str, float]:
+        """GRPO update on ``samples`` (responses with no tokens are skipped)."""
+        t0 = time.time()
+        cfg = self.config
+        samples = [s for s in samples if len(s["response_ids"]) > 0]
+        if not samples:
+            raise ValueError("train_step got no samples with response tokens")
+        rollout_diff = None
+        if cfg.old_logprobs == "recompute":
+            samples = self._recompute_logprobs(samples)
+            rollout_diff = sum(abs(a - b) for s in samples
+                               for a, b in zip(s["logprobs"], s["rollout_logprobs"]))
+        minibatches = [samples[i::cfg.num_minibatches] for i in range(cfg.num_minibatches)]
+        totals = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "ratio_mean": 0.0,
+                  "grad_norm": 0.0, "logprob_abs_diff": 0.0}
+        steps = 0
+        for mb in (m for m in minibatches if m):
+            num_tokens = float(sum(len(s["response_ids"]) for s in mb))
+            self.optimizer.zero_grad(set_to_none=True)
+            for i in range(0, len(mb), cfg.micro_batch_size):
+                ids, mask, width, old, resp_mask, adv = self._micro_batch(mb[i:i + cfg.micro_batch_size])
+                logp = self._response_logprobs(self.model, ids, mask, width)
+                ref = None
+                if self.ref_model is not None:
+                    with torch.no_grad():
+                        ref = self._response_logprobs(self.ref_model, ids, mask, width)
+                loss, stats = grpo_loss(logp, old, adv, resp_mask, self.loss_config, ref, num_tokens)
+                loss.backward()
+                totals["loss"] += float(loss)  # each part is already divided by num_tokens
+                for k in ("clip_frac", "kl", "ratio_mean"):
+                    totals[k] += stats[k]
+                totals["logprob_abs_diff"] += float(((logp.detach() - old).abs() * resp_mask).sum())
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+            self.optimizer.step()
+            totals["grad_norm"] += float(grad_norm)
+            steps += 1
+        self.version += 1
+        all_tokens = sum(len(s["response_ids"]) for s in samples)
+        out = {k: v / steps for k, v in totals.items() if k not in ("logprob_abs_diff",)}
+        if rollout_diff is not None:  # engine vs trainer, before the update
+            totals["logprob_abs_diff"] = rollout_diff
+        out.update(logprob_abs_diff=totals["logprob_abs_diff"] / all_tokens, optimizer_steps=steps,
+                   train_tokens=all_tokens, train_time_s=time.time() - t0, version=self.version)
+        return out
+
+    # ---- weights out -----------------------------------------------------------------------
+    def named_tensors(self, dtype: Optional[str] = None) -> List[Tuple[str, torch.Tensor]]:
+        cast = getattr(torch, dtype) if dtype else None
+        return [(n, p.detach().to(cast) if cast else p.detach().clone())
+                for n, p in self.model.named_parameters()]
+
+    def weight_buckets(self, bucket_mb: float, dtype: Optional[str] = None):
+        """Parameters grouped into buckets of about ``bucket_mb`` MiB each."""
+        limit = bucket_mb * 2 ** 20
+        buckets, current, size = [], [], 0
+        for name, t in self.named_tensors(dtype):
+            nbytes = t.numel() * t.element_size()
+            if current and size + nbytes > limit:
+                buckets.append(current)
+                current, size = [], 0
+            current.append((name, t))
+            size += nbytes
+        if current:
+            buckets.append(current)
+        return buckets
+
+    def weight_meta(self, dtype: Optional[str] = None) -> List[Tuple[str, str, List[int]]]:
+        return [(n, (dtype or str(p.dtype).replace("torch.", "")), list(p.shape))
+                for n, p in self.model.named_parameters()]
+
+    def init_process_group(self, master_address: str, master_port: int, world_size: int,
+                           group_name: str, backend: str) -> bool:
+        from rl_driver.weight_sync import new_process_group
+
+        self._group = new_process_group(backend, master_address, master_port, world_size,
+                                        rank=0, group_name=group_name)
+        return True
+
+    def broadcast_weights(self, dtype: Optional[str] = None) -> int:
+        """Rank 0 of the weight group: broadcast every parameter in ``named_parameters`` order."""
+        n = 0
+        for _, t in self.named_tensors(dtype):
+            torch.distributed.broadcast(t.contiguous(), src=0, group=self._group)
+            n += 1
+        return n
+
+    def save_pretrained(self, path: str, dtype: Optional[str] = None) -> str:
+        model = self.model
+        if dtype and getattr(torch, dtype) != next(model.parameters()).dtype:
+            model = copy.deepcopy(model).to(getattr(torch, dtype))
+        model.save_pretrained(path)
+        return path
+
+    # ---- checkpoints and checks ------------------------------------------------------------
+    def save_checkpoint(self, path: str) -> str:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tmp = f"{path}.tmp"
+        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                    "version": self.version, "rng": torch.get_rng_state()}, tmp)
+        os.replace(tmp, path)
+        return path
+
+    def load_checkpoint(self, path: str) -> int:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+        torch.set_rng_state(state["rng"])
+        return self.version
+
+    def greedy(self, prompts: List[List[int]], max_new_tokens: int) -> List[List[int]]:
+        """Transformers greedy decoding without EOS stop (the reference for sync checks)."""
+        self.model.eval()
+        out = []
+        try:
+            with torch.no_grad():
+                for p in prompts:
+                    ids = torch.tensor([p])
+                    for _ in range(max_new_tokens):
+                        logits = self.model(input_ids=ids).logits[0, -1]
+                        ids = torch.cat([ids, logits.argmax().view(1, 1)], dim=1)
+                    out.append(ids[0, len(p):].tolist())
+        finally:
+            self.model.train()
+        return out
+
+    def perturb(self, scale: float, seed: int = 0) -> None:
+        """Add Gaussian noise to every weight (tests: makes a sync observable)."""
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for p in self.model.parameters():
+                p.add_(torch.randn(p.shape, generator=gen, dtype=torch.float32).to(p.dtype) * scale)
+        self.version += 1
