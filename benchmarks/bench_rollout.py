@@ -145,6 +145,7 @@ def run_mode(name, model_path, dtype, prompts, tok, args, checkpoints, trainer=N
 
 
 def run_ordering(model_path, dtype, prompts, args, checkpoint, workdir) -> dict:
+    group = args.ordering_group
     """FCFS vs LPT with few running slots on a long/short prompt mix.
 
     The FCFS engine first generates one untimed epoch (its history gives the length
@@ -160,10 +161,10 @@ def run_ordering(model_path, dtype, prompts, args, checkpoint, workdir) -> dict:
             engine.update_weights_from_disk(checkpoint)
             if policy == "fcfs":
                 engine.loop.run_until_complete(
-                    _timed_rollout(engine, prompts, args.group, args.max_new_tokens, args.seed))
+                    _timed_rollout(engine, prompts, group, args.max_new_tokens, args.seed))
                 engine.rhyme_save(snapshot)
             _, makespan = engine.loop.run_until_complete(
-                _timed_rollout(engine, prompts, args.group, args.max_new_tokens, args.seed))
+                _timed_rollout(engine, prompts, group, args.max_new_tokens, args.seed))
         finally:
             engine.shutdown()
         out[f"{policy}_makespan_s"] = makespan
@@ -180,7 +181,8 @@ def main(argv=None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=160)
     parser.add_argument("--datasets", default="chain_sum,basic_arithmetic")
     parser.add_argument("--ordering-datasets", default="chain_sum,gsm_symbolic")
-    parser.add_argument("--ordering-max-running", type=int, default=2)
+    parser.add_argument("--ordering-max-running", type=int, default=4)
+    parser.add_argument("--ordering-group", type=int, default=2)
     parser.add_argument("--modes", default="vanilla,ngram,rhyme")
     parser.add_argument("--lr", type=float, default=2e-5)
     parser.add_argument("--seed", type=int, default=0)
@@ -214,6 +216,7 @@ def main(argv=None) -> int:
             snapshot=snapshot if name == "rhyme" else None)
         if name == "vanilla":
             del trainer  # free the trainer's memory before the other engines run
+        _write(args.json, report)  # partial results survive an interrupted run
     base = report["modes"]["vanilla"]["makespan_s"]
     report["speedup_vs_vanilla"] = {m: base / r["makespan_s"] for m, r in report["modes"].items()
                                     if m != "vanilla"}
@@ -229,10 +232,14 @@ def main(argv=None) -> int:
         o = report["ordering"]
         line += f" | ordering: fcfs {o['fcfs_makespan_s']:.1f}s lpt {o['lpt_makespan_s']:.1f}s (x{o['lpt_speedup']:.2f})"
     print(line)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2, default=str))
+    _write(args.json, report)
     return 0
+
+
+def _write(path, report) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(report, indent=2, default=str))
 
 
 if __name__ == "__main__":
