@@ -85,7 +85,26 @@ class Engine(_SGLangEngine):
     def shutdown(self):
         if self._rhyme is not None:
             self._rhyme.close()
-        return super().shutdown()
+        result = super().shutdown()
+        self._cancel_background_tasks()
+        return result
+
+    def _cancel_background_tasks(self) -> None:
+        """Stop this engine's tokenizer-manager tasks on the (process-wide) event loop.
+
+        sglang leaves them scheduled after ``shutdown``; the next engine of the process
+        would wake them, and a stale task that hits an exception calls ``sys.exit(1)``.
+        """
+        import asyncio
+
+        loop = self.loop
+        if loop.is_closed() or loop.is_running():
+            return
+        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
 
     # sglang 0.5.23 reports a weight update as failed when its cache flush races with a
     # request that has just finished (the scheduler frees it one loop later). The weights are
