@@ -48,7 +48,8 @@ def mix_drafts(parts: Sequence[Tuple[float, Dict[Path, float]]], budget: int, mi
 
 
 def mix_draft_py(tries: Sequence[Optional[object]], weights: Sequence[float], context: Sequence[int],
-                 max_pattern: int, budget: int, min_prob: float, max_branch: int, prior: float):
+                 max_pattern: int, budget: int, min_prob: float, max_branch: int, prior: float,
+                 prior_decay: float = 1.0):
     """Pure-Python twin of the native `mix_draft`: every trie (None = skipped) drafts 2*budget
     nodes without a probability floor; their path probabilities are mixed with weights normalised
     over the tries that matched. Returns (tokens, parents, probs, score, match_len, used_mask)."""
@@ -58,7 +59,8 @@ def mix_draft_py(tries: Sequence[Optional[object]], weights: Sequence[float], co
     for i, (trie, w) in enumerate(zip(tries, weights)):
         if trie is None or w <= 0:
             continue
-        toks, parents, probs, _, m = trie.draft(context, max_pattern, 2 * budget, 0.0, max_branch, prior)
+        toks, parents, probs, _, m = trie.draft(context, max_pattern, 2 * budget, 0.0, max_branch, prior,
+                                           prior_decay)
         if toks:
             parts.append((w, path_probs(toks, parents, probs)))
             match_len, used = max(match_len, m), used | (1 << i)

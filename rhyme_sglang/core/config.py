@@ -23,7 +23,7 @@ class WindowConfig:
     """Constants of the per-request draft window (see `window.SpecWindow` for the rule)."""
 
     initial: int = 16
-    minimum: int = 8
+    minimum: int = 16
     maximum: int = 32
     decrease: float = 0.5
 
@@ -46,7 +46,9 @@ class StoreConfig:
     context match; path probabilities are mixed with weights 1, `live_weight`, `global_penalty`
     and the `budget` most probable paths form the draft tree (`combine="best"` keeps the single
     best-scoring trie's draft instead). A child's probability is its weight share among its
-    siblings times C / (C + `prior`), C = occurrences continuing past the parent; paths below
+    siblings times C / (C + `prior` * `prior_decay` ** L), C = occurrences continuing past the
+    parent, L = tokens the parent spells (matched context + draft path), so one occurrence after a
+    long context counts as stronger evidence than one after a short context; paths below
     `min_prob` are not proposed; `max_branch` children at most are considered per node.
     Weighting: a response contributes `recency * exp(reward_weight * clip(advantage))`, where the
     advantage is group-relative (same prompt, same epoch), and recency is `epoch_decay ** age`.
@@ -70,7 +72,8 @@ class StoreConfig:
     global_same_epoch: bool = False
     use_live: bool = True
     min_prob: float = 0.0
-    prior: float = 1.0
+    prior: float = 2.0
+    prior_decay: float = 0.7
     max_branch: int = 4
     global_penalty: float = 1.0
     live_weight: float = 0.2
@@ -93,6 +96,7 @@ class StoreConfig:
         _check_float("advantage_clip", self.advantage_clip, 0.0, 10.0)
         _check_float("min_prob", self.min_prob, 0.0, 1.0)
         _check_float("prior", self.prior, 0.0, 1e6)
+        _check_float("prior_decay", self.prior_decay, 0.0, 1.0)
         _check_int("max_branch", self.max_branch, 1)
         _check_float("global_penalty", self.global_penalty, 0.0, 1.0)
         _check_float("live_weight", self.live_weight, 0.0, 1.0)

@@ -99,13 +99,15 @@ class PySuffixTrie:
         return node.count, node.weight
 
     def draft(self, context: Sequence[int], max_pattern: int, budget: int, min_prob: float,
-              max_branch: int, prior: float = 0.0) -> DraftTuple:
+              max_branch: int, prior: float = 0.0, prior_decay: float = 1.0) -> DraftTuple:
         """Best-first draft after the longest suffix of `context` (<= max_pattern) with children.
 
         Returns (token_ids, parents, path_probs, score, match_len); empty when nothing matches.
         Children are ranked by (weight desc, token asc); the conditional probability of a child is
-        its weight over the sum of its siblings' weights, times C / (C + prior) where C is the
-        number of occurrences continuing past the parent (few occurrences = less certain); nodes are taken in order of path
+        its weight over the sum of its siblings' weights, times C / (C + prior * prior_decay**L)
+        where C is the number of occurrences continuing past the parent (few occurrences = less
+        certain) and L the number of tokens the parent spells (matched context + draft path: one
+        occurrence after a long context is stronger evidence); nodes are taken in order of path
         probability (ties: first pushed first) while it is >= min_prob, up to `budget` nodes.
         """
         best, match_len = None, 0
@@ -128,20 +130,21 @@ class PySuffixTrie:
         heap: list = []
         seq_no = 0
 
-        def push(node: _Node, parent_idx: int, base: float) -> None:
+        def push(node: _Node, parent_idx: int, base: float, length: int) -> None:
             nonlocal seq_no
             total = sum(c.weight for c in node.children.values())
             support = sum(c.count for c in node.children.values())
-            conf = float(support) / (float(support) + prior)
+            eff_prior = prior * prior_decay ** float(length)
+            conf = float(support) / (float(support) + eff_prior)
             for tok, child in _top_children(node, max_branch):
                 cond = float(child.weight) / float(total) * conf
-                heapq.heappush(heap, (-(base * cond), seq_no, tok, parent_idx, child))
+                heapq.heappush(heap, (-(base * cond), seq_no, tok, parent_idx, child, length + 1))
                 seq_no += 1
 
-        push(best, -1, 1.0)
+        push(best, -1, 1.0, match_len)
         score = 0.0
         while heap and len(tokens) < budget:
-            neg, _, tok, parent_idx, node = heapq.heappop(heap)
+            neg, _, tok, parent_idx, node, length = heapq.heappop(heap)
             prob = -neg
             if prob < min_prob:
                 break
@@ -150,7 +153,7 @@ class PySuffixTrie:
             probs.append(prob)
             score += prob
             if node.children:
-                push(node, len(tokens) - 1, prob)
+                push(node, len(tokens) - 1, prob, length)
         return tokens, parents, probs, score, match_len
 
     def estimate_memory(self) -> int:

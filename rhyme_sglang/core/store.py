@@ -230,7 +230,7 @@ class DraftStore(HistoryUpkeep):
             if tree is None or scale <= 0:
                 continue
             toks, parents, probs, score, mlen = tree.draft(tail, pat, budget, min_prob,
-                                                           max_branch, cfg.prior)
+                                                           max_branch, cfg.prior, cfg.prior_decay)
             if toks and score * scale > best_score:
                 best_score = score * scale
                 best = Draft(list(toks), list(parents), list(probs), score, mlen, name)
@@ -241,7 +241,8 @@ class DraftStore(HistoryUpkeep):
         tries = [t for _, t, _, _ in sources]
         weights = [w for _, _, w, _ in sources]
         toks, parents, probs, score, mlen, used = self._mix(
-            tries, weights, tail, cfg.max_pattern, budget, min_prob, max_branch, cfg.prior)
+            tries, weights, tail, cfg.max_pattern, budget, min_prob, max_branch, cfg.prior,
+            cfg.prior_decay)
         if not toks:
             return Draft()
         names = "+".join(n for i, (n, _, _, _) in enumerate(sources) if used >> i & 1)

@@ -76,6 +76,11 @@ class Engine(_SGLangEngine):
     def rhyme_predict_lengths(self, prompts: list) -> list:
         return self._rhyme_call("predict_lengths", prompts=prompts)["lengths"]
 
+    def rhyme_schedule_policy(self, policy: str | None = None) -> str:
+        """The waiting-queue policy (``lpt`` | ``fcfs``); switches it when ``policy`` is given."""
+        args = {} if policy is None else {"policy": policy}
+        return self._rhyme_call("schedule_policy", **args)["policy"]
+
     def rhyme_draft(self, prompt: list, context: list = (), max_tokens: int = 8,
                     prompt_id: str | None = None) -> dict:
         """Inspect the draft the history store would propose after ``prompt + context``."""

@@ -6,6 +6,8 @@ Routes (JSON in, JSON out; 4xx with ``{"error": {"message": ...}}`` on bad input
 * ``POST /rhyme/advance_epoch`` -> ``{"epoch"}``
 * ``GET  /rhyme/stats`` -> tau per epoch, acceptance histogram, drafted/accepted, memory, latency
 * ``POST /rhyme/save`` / ``POST /rhyme/load`` ``{"path"}``; ``POST /rhyme/reset``
+* ``GET /rhyme/schedule_policy`` -> ``{"policy"}``; ``POST /rhyme/schedule_policy`` ``{"policy"}``
+  switches the waiting-queue order (``lpt`` | ``fcfs``) at run time (admin)
 * ``GET|POST /rhyme/predict_lengths`` ``{"prompts": [[ids...] | "prompt_id", ...]}`` -> ``{"lengths"}``
 
 Rewards, epoch, save/load/reset are admin endpoints: they require SGLang's admin key (or the
@@ -71,6 +73,8 @@ def make_routes(client):
         ("POST", "/rhyme/save", True): lambda r: call(r, "save", ("path",)),
         ("POST", "/rhyme/load", True): lambda r: call(r, "load", ("path",)),
         ("POST", "/rhyme/reset", True): lambda r: call(r, "reset"),
+        ("GET", "/rhyme/schedule_policy", False): lambda r: call(r, "schedule_policy"),
+        ("POST", "/rhyme/schedule_policy", True): lambda r: call(r, "schedule_policy", ("policy",)),
         ("GET", "/rhyme/predict_lengths", False): lambda r: call(r, "predict_lengths", ("prompts",)),
         ("POST", "/rhyme/predict_lengths", False): lambda r: call(r, "predict_lengths", ("prompts",)),
     }

@@ -12,6 +12,8 @@ Thread-safety: the scheduler thread and the control thread both take ``self.lock
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import math
 import threading
@@ -345,6 +347,13 @@ class RhymeWorker(NGRAMWorker):
             self.store.finish_request(rid, add_to_history=False)
         return {"token_ids": list(draft.token_ids), "parents": list(draft.parents),
                 "probs": [float(p) for p in draft.probs], "match_len": draft.match_len}
+
+    def _cmd_schedule_policy(self, policy=None):
+        """Return the waiting-queue policy; switch it first when ``policy`` is given."""
+        if policy is not None:
+            # RhymeConfig validates the name (ValueError lists the choices)
+            self.config = dataclasses.replace(self.config, schedule_policy=policy)
+        return {"policy": self.config.schedule_policy}
 
     def _cmd_predict_lengths(self, prompts):
         if not isinstance(prompts, list):

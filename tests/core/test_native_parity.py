@@ -20,8 +20,10 @@ ops = st.lists(st.tuples(st.integers(0, 2), st.booleans(), tokens, st.integers(1
 @given(ops=ops, depth=st.integers(2, 10), ctx=contexts, pattern=st.integers(1, 8),
        budget=st.integers(0, 12), min_prob=st.sampled_from([0.0, 0.05, 0.3]),
        branch=st.integers(1, 4), prior=st.sampled_from([0.0, 1.0, 2.5]),
+       decay=st.sampled_from([1.0, 0.7, 0.33]),
        weights=st.lists(st.sampled_from([0.0, 0.2, 1.0]), min_size=3, max_size=3))
-def test_trie_and_mix_parity(ops, depth, ctx, pattern, budget, min_prob, branch, prior, weights):
+def test_trie_and_mix_parity(ops, depth, ctx, pattern, budget, min_prob, branch, prior, decay,
+                             weights):
     nat = native_module()
     py_t = [PySuffixTrie(depth) for _ in range(3)]
     na_t = [nat.SuffixTrie(depth) for _ in range(3)]
@@ -37,9 +39,9 @@ def test_trie_and_mix_parity(ops, depth, ctx, pattern, budget, min_prob, branch,
             stored[which].append((seq, w))
     for a, b in zip(py_t, na_t):
         assert a.num_nodes == b.num_nodes
-        args = (ctx, pattern, budget, min_prob, branch, prior)
+        args = (ctx, pattern, budget, min_prob, branch, prior, decay)
         assert tuple(a.draft(*args)) == tuple(b.draft(*args))
-    args = (ctx, pattern, budget, min_prob, branch, prior)
+    args = (ctx, pattern, budget, min_prob, branch, prior, decay)
     assert tuple(mix_draft_py(py_t, weights, *args)) == tuple(nat.mix_draft(na_t, weights, *args))
 
 
@@ -56,3 +58,67 @@ def test_store_parity(seqs, ctx):
         s.start_request("r", [9, 0], "p0")
         s.add_tokens("r", ctx)
     assert stores[0].speculate("r", 8) == stores[1].speculate("r", 8)
+
+
+small_tokens = st.lists(st.integers(0, 3), max_size=9)
+lifecycle = st.lists(st.tuples(st.sampled_from(["insert", "extend", "reweight", "remove"]),
+                               small_tokens, st.integers(1, 40), st.integers(0, 10 ** 6)),
+                     max_size=40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=lifecycle, depth=st.integers(2, 10), ctx=contexts)
+def test_path_compressed_trie_matches_the_reference_through_a_lifecycle(ops, depth, ctx):
+    """Inserts, incremental extensions, re-weights and removals in any order (small alphabet:
+    many shared and duplicate continuations, so tails are split, shared and dropped): the native
+    trie's logical nodes, lookups and drafts always equal the uncompressed Python twin's, its
+    integrity holds, and removing everything frees every record and token block."""
+    nat = native_module()
+    ref, trie, stored = PySuffixTrie(depth), nat.SuffixTrie(depth), []
+    for op, seq, w, pick in ops:
+        if op == "insert" or not stored:
+            ref.update(seq, 0, 1, w)
+            trie.update(seq, 0, 1, w)
+            stored.append((seq, w))
+            continue
+        k = pick % len(stored)
+        old, ow = stored[k]
+        if op == "extend":
+            new = old + (seq or [0])
+            ref.update(new, len(old), 1, ow)
+            trie.update(new, len(old), 1, ow)
+            stored[k] = (new, ow)
+        elif op == "reweight":
+            dw = w if pick % 2 or ow <= w else -w
+            ref.update(old, 0, 0, dw)
+            trie.update(old, 0, 0, dw)
+            stored[k] = (old, ow + dw)
+        else:
+            ref.update(old, 0, -1, -ow)
+            trie.update(old, 0, -1, -ow)
+            stored.pop(k)
+        assert trie.check_integrity()
+        assert trie.num_nodes == ref.num_nodes
+        assert trie.num_explicit <= trie.num_nodes
+        for path in (ctx[-2:], ctx[-1:], [0, 1], [2, 2, 2]):
+            assert trie.lookup(path) == ref.lookup(path)
+        args = (ctx, 4, 8, 0.0, 3, 1.0, 0.7)
+        assert tuple(trie.draft(*args)) == tuple(ref.draft(*args))
+    base = nat.SuffixTrie(depth).estimate_memory()
+    for seq, w in stored:
+        trie.update(seq, 0, -1, -w)
+    assert trie.num_nodes == 0 and trie.num_explicit == 0 and trie.check_integrity()
+    assert trie.estimate_memory() - base < 32 * (len(ops) + 1)  # only the emptied block slots
+
+
+def test_tails_compress_unary_chains():
+    """A long response stored once costs one record per suffix start, not one per substring."""
+    nat = native_module()
+    trie, ref = nat.SuffixTrie(24), PySuffixTrie(24)
+    seq = list(range(100, 300))
+    trie.update(seq, 0, 1, 1)
+    ref.update(seq, 0, 1, 1)
+    assert trie.num_nodes == ref.num_nodes > 20 * len(seq)
+    assert trie.num_explicit == len(seq)
+    trie.update(seq, 0, 1, 1)  # the same response again: counts grow, no new records
+    assert trie.num_explicit == len(seq) and trie.lookup(seq[:5]) == (2, 2)

@@ -76,3 +76,21 @@ def test_removing_unknown_sequence_raises(backend):
     t.update([1, 2], 0, 1, 1)
     with pytest.raises(ValueError):
         t.update([3, 4], 0, -1, -1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_prior_decay_trusts_one_occurrence_more_after_a_longer_context(backend):
+    t = make_trie(8, backend)
+    t.update([5, 6, 7, 8, 9], 0, 1, 1)
+    # Context [7] matches 1 token, [5, 6, 7] matches 3; the single continuation (8) gets
+    # conf = 1 / (1 + prior * decay**L) with L = tokens the matched node spells.
+    _, _, short, _, m1 = t.draft([7], 4, 1, 0.0, 4, 2.0, 0.5)
+    _, _, long_, _, m3 = t.draft([5, 6, 7], 4, 1, 0.0, 4, 2.0, 0.5)
+    assert (m1, m3) == (1, 3)
+    assert short == [pytest.approx(1 / (1 + 2.0 * 0.5))]
+    assert long_ == [pytest.approx(1 / (1 + 2.0 * 0.125))]
+    # Deeper draft nodes spell longer contexts: the second token's conditional uses L + 1.
+    _, _, probs, _, _ = t.draft([7], 4, 2, 0.0, 4, 2.0, 0.5)
+    assert probs[1] == pytest.approx(probs[0] / (1 + 2.0 * 0.25))
+    # decay 1.0 is the plain C / (C + prior) rule
+    assert t.draft([5, 6, 7], 4, 1, 0.0, 4, 2.0, 1.0)[2] == [pytest.approx(1 / 3)]

@@ -163,29 +163,41 @@ def test_snapshot_survives_engine_restart(tiny, engines, tmp_path):
     engines.close_all()
 
 
-@pytest.mark.parametrize("policy,expected", [("lpt", ["long", "short"]), ("fcfs", ["short", "long"])])
-def test_longest_predicted_prompt_admitted_first(tiny, policy, expected):
-    engine = tiny("tiny-rhyme", max_running_requests=1, rhyme_schedule_policy=policy)
+def test_longest_predicted_prompt_admitted_first_and_policy_switches(tiny):
+    from rhyme_sglang.sglang_ext.control import ControlError
+
+    engine = tiny("tiny-rhyme", max_running_requests=1, rhyme_schedule_policy="lpt")
     long_prompt, short_prompt = [40, 41, 42, 43], [50, 51, 52, 53]
     engine.generate(input_ids=[long_prompt], sampling_params={"temperature": 0, "max_new_tokens": 40, "ignore_eos": True})
     engine.generate(input_ids=[short_prompt], sampling_params={"temperature": 0, "max_new_tokens": 4, "ignore_eos": True})
     engine.rhyme_advance_epoch()
     predicted = engine.rhyme_predict_lengths([long_prompt, short_prompt])
     assert predicted[0] > predicted[1]
-    order = []
 
-    async def run(prompt, n, tag):
-        await engine.async_generate(input_ids=prompt, sampling_params={"temperature": 0, "max_new_tokens": n, "ignore_eos": True})
-        order.append(tag)
+    def admission_order():
+        order = []
 
-    async def scenario():
-        await engine.async_pause_generation(mode="in_place")
-        tasks = [asyncio.ensure_future(run(short_prompt, 4, "short"))]
-        await asyncio.sleep(0.5)
-        tasks.append(asyncio.ensure_future(run(long_prompt, 40, "long")))
-        await asyncio.sleep(0.5)
-        await engine.async_continue_generation()
-        await asyncio.gather(*tasks)
+        async def run(prompt, n, tag):
+            await engine.async_generate(input_ids=prompt, sampling_params={"temperature": 0, "max_new_tokens": n, "ignore_eos": True})
+            order.append(tag)
 
-    engine.loop.run_until_complete(scenario())
-    assert order == expected
+        async def scenario():
+            await engine.async_pause_generation(mode="in_place")
+            tasks = [asyncio.ensure_future(run(short_prompt, 4, "short"))]
+            await asyncio.sleep(0.5)
+            tasks.append(asyncio.ensure_future(run(long_prompt, 40, "long")))
+            await asyncio.sleep(0.5)
+            await engine.async_continue_generation()
+            await asyncio.gather(*tasks)
+
+        engine.loop.run_until_complete(scenario())
+        return order
+
+    assert engine.rhyme_schedule_policy() == "lpt"
+    assert admission_order() == ["long", "short"]
+    assert engine.rhyme_schedule_policy("fcfs") == "fcfs"
+    assert admission_order() == ["short", "long"]
+    with pytest.raises(ControlError, match="schedule_policy"):
+        engine.rhyme_schedule_policy("shortest-first")
+    assert engine.rhyme_schedule_policy() == "fcfs"
+    assert engine.rhyme_schedule_policy("lpt") == "lpt"

@@ -73,6 +73,11 @@ def test_rhyme_round_trip(server, tmp_path):
     assert post(server.url + "/rhyme/load", {"path": snap}, headers=ADMIN)[0] == 200
     status, body = post(server.url + "/rhyme/predict_lengths", {"prompts": [[1, 2, 3]]})
     assert status == 200 and len(body["lengths"]) == 1
+    assert get(server.url + "/rhyme/schedule_policy") == (200, {"policy": "lpt"})
+    assert post(server.url + "/rhyme/schedule_policy", {"policy": "fcfs"},
+                headers=ADMIN) == (200, {"policy": "fcfs"})
+    assert post(server.url + "/rhyme/schedule_policy", {"policy": "lpt"},
+                headers=ADMIN) == (200, {"policy": "lpt"})
 
 
 RHYME_BAD = {
@@ -87,6 +92,8 @@ RHYME_BAD = {
     "corrupt_snapshot": ("/rhyme/load", {"path": "/etc/hostname"}, None),
     "missing_snapshot": ("/rhyme/load", {"path": "/nonexistent/h.snap"}, None),
     "bad_prompts": ("/rhyme/predict_lengths", {"prompts": [{"a": 1}]}, None),
+    "unknown_policy": ("/rhyme/schedule_policy", {"policy": "shortest-first"}, None),
+    "missing_policy": ("/rhyme/schedule_policy", {}, None),
 }
 
 
@@ -103,7 +110,8 @@ def test_rhyme_bad_input_gets_4xx_and_history_intact(server, case):
 
 
 @pytest.mark.parametrize("path", ["/rhyme/rewards", "/rhyme/advance_epoch", "/rhyme/save",
-                                  "/rhyme/load", "/rhyme/reset", "/update_weights_from_disk"])
+                                  "/rhyme/load", "/rhyme/reset", "/rhyme/schedule_policy",
+                                  "/update_weights_from_disk"])
 def test_admin_endpoints_need_the_admin_key(server, path):
     status, _ = post(server.url + path, {})
     assert status in (401, 403), status

@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <queue>
@@ -20,6 +21,13 @@ constexpr int32_t NIL = -1;
 constexpr uint64_t EMPTY = ~0ull;
 constexpr uint64_t TOMB = ~1ull;
 
+// An explicit trie node. A node may instead end in a *tail*: an implicit unary chain of
+// `tail_len` descendants spelling `tail_len` tokens of a stored block from `tail_pos`, each with
+// count `tail_count` and weight `tail_weight` (the occurrences that continue through the chain all
+// continue to its end). The long unary chains that dominate a bounded-depth suffix trie of real
+// rollouts (86% of its nodes on the dev trace occur once) then cost one record instead of one per
+// token. A node with a tail has no explicit children. The logical content (count and weight of
+// every substring) is exactly that of the uncompressed Python twin.
 struct Node {
   int32_t token;
   int32_t count;
@@ -28,6 +36,19 @@ struct Node {
   int32_t prev_sib;
   int32_t parent;
   int64_t weight;
+  int32_t tail_block;  // NIL = no tail
+  int32_t tail_pos;
+  int32_t tail_len;
+  int32_t tail_count;
+  int64_t tail_weight;
+};
+
+constexpr Node EMPTY_NODE{0, 0, NIL, NIL, NIL, NIL, 0, NIL, 0, 0, 0, 0};
+
+// A logical position: explicit node `node` (off == 0) or its tail's off-th implicit descendant.
+struct Pos {
+  int32_t node;
+  int32_t off;
 };
 
 inline uint64_t mix64(uint64_t x) {
@@ -68,56 +89,125 @@ class SuffixTrie {
   }
 
   int max_depth() const { return depth_; }
-  int64_t num_nodes() const { return num_nodes_; }
+  // Logical nodes (explicit + implicit), as the uncompressed Python twin counts them.
+  int64_t num_nodes() const { return explicit_ + implicit_; }
+  int64_t num_explicit() const { return explicit_; }
 
   void clear() {
-    nodes_.assign(1, Node{0, 0, NIL, NIL, NIL, NIL, 0});
+    nodes_.assign(1, EMPTY_NODE);
     free_.clear();
     keys_.assign(1024, EMPTY);
     vals_.assign(1024, NIL);
     used_ = tombs_ = 0;
-    num_nodes_ = 0;
+    explicit_ = implicit_ = 0;
+    blocks_.clear();
+    block_refs_.clear();
+    free_blocks_.clear();
+    block_tokens_ = 0;
   }
 
+  // Add (dcount, dweight) to every substring seq[i:j+1] with j >= lo and j - i < max_depth (see
+  // the Python twin). New count-1 continuations become tails over a block holding seq[lo:].
   void update(const py::handle& seq_obj, int64_t lo, int64_t dcount, int64_t dweight) {
     Tokens seq(seq_obj);
     const int64_t n = static_cast<int64_t>(seq.size);
+    int32_t block = NIL;  // this call's block (seq[lo:]), made on first use
+    // The call holds its own reference to `block`, so that a tail moved or dropped by a later
+    // suffix of the same call cannot free it while other suffixes still attach to it.
+    struct Hold {
+      SuffixTrie* trie;
+      int32_t* block;
+      ~Hold() {
+        if (*block != NIL) trie->release_block(*block);
+      }
+    } hold{this, &block};
     for (int64_t i = std::max<int64_t>(0, lo - depth_ + 1); i < n; ++i) {
-      int32_t node = 0;
+      Pos p{0, 0};
       const int64_t end = std::min<int64_t>(n, i + depth_);
       for (int64_t j = i; j < end; ++j) {
         const int32_t tok = seq.data[j];
-        int32_t child = find(node, tok);
-        if (child == NIL) {
-          if (dcount <= 0 || j < lo)
-            throw std::invalid_argument("sequence is not stored: missing token " +
-                                        std::to_string(tok) + " at offset " + std::to_string(j));
-          child = create(node, tok);
+        if (j < lo) {
+          if (!step(p, tok)) throw missing(tok, j);
+          continue;
         }
-        if (j >= lo) {
+        if (p.off > 0) p = explicitize(p);
+        Node& nd = nodes_[p.node];
+        if (dcount > 0) {
+          int32_t child;
+          bool fresh = false;
+          if (nd.tail_block != NIL) {
+            if (end - j == nd.tail_len && tail_matches(nd, seq.data + j)) {
+              nd.tail_count += static_cast<int32_t>(dcount);  // the same continuation again
+              nd.tail_weight += dweight;
+              break;
+            }
+            const bool same = blocks_[nd.tail_block][nd.tail_pos] == tok;
+            child = materialize(p.node);
+            if (!same) {
+              child = create(p.node, tok);
+              fresh = true;
+            }
+          } else {
+            child = find(p.node, tok);
+            if (child == NIL) {
+              child = create(p.node, tok);
+              fresh = true;
+            }
+          }
           Node& c = nodes_[child];
           c.count += static_cast<int32_t>(dcount);
           c.weight += dweight;
-          if (c.count <= 0) {
-            if (c.count < 0 || c.weight != 0)
-              throw std::invalid_argument("removal does not match a stored sequence");
-            remove_subtree(child);
+          if (fresh && j + 1 < end) {  // the rest of this occurrence is a tail
+            if (block == NIL) {
+              block = new_block(seq.data + lo, n - lo);
+              ++block_refs_[block];
+            }
+            attach_tail(child, block, static_cast<int32_t>(j + 1 - lo),
+                        static_cast<int32_t>(end - j - 1), static_cast<int32_t>(dcount), dweight);
             break;
           }
+          p = Pos{child, 0};
+          continue;
         }
-        node = child;
+        // dcount <= 0: re-weight or remove a stored occurrence
+        if (nd.tail_block != NIL) {
+          // Every occurrence continuing through the tail continues to its end, so a stored one
+          // spells all of it.
+          if (blocks_[nd.tail_block][nd.tail_pos] != tok) throw missing(tok, j);
+          if (end - j != nd.tail_len || !tail_matches(nd, seq.data + j))
+            throw std::invalid_argument("removal does not match a stored sequence");
+          nd.tail_count += static_cast<int32_t>(dcount);
+          nd.tail_weight += dweight;
+          if (nd.tail_count <= 0) {
+            if (nd.tail_count < 0 || nd.tail_weight != 0)
+              throw std::invalid_argument("removal does not match a stored sequence");
+            drop_tail(p.node);
+          }
+          break;
+        }
+        const int32_t child = find(p.node, tok);
+        if (child == NIL) throw missing(tok, j);
+        Node& c = nodes_[child];
+        c.count += static_cast<int32_t>(dcount);
+        c.weight += dweight;
+        if (c.count <= 0) {
+          if (c.count < 0 || c.weight != 0)
+            throw std::invalid_argument("removal does not match a stored sequence");
+          remove_subtree(child);
+          break;
+        }
+        p = Pos{child, 0};
       }
     }
   }
 
   std::pair<int64_t, int64_t> lookup(const py::handle& path_obj) const {
     Tokens path(path_obj);
-    int32_t node = 0;
-    for (size_t i = 0; i < path.size; ++i) {
-      node = find(node, path.data[i]);
-      if (node == NIL) return {0, 0};
-    }
-    return {nodes_[node].count, nodes_[node].weight};
+    Pos p{0, 0};
+    for (size_t i = 0; i < path.size; ++i)
+      if (!step(p, path.data[i])) return {0, 0};
+    if (p.off > 0) return {nodes_[p.node].tail_count, nodes_[p.node].tail_weight};
+    return {nodes_[p.node].count, nodes_[p.node].weight};
   }
 
   struct Raw {
@@ -128,24 +218,28 @@ class SuffixTrie {
   };
 
   py::tuple draft(const py::handle& ctx_obj, int max_pattern, int budget, double min_prob,
-                  int max_branch, double prior) const {
+                  int max_branch, double prior, double prior_decay) const {
     Tokens ctx(ctx_obj);
-    Raw r = draft_raw(ctx, max_pattern, budget, min_prob, max_branch, prior);
+    Raw r = draft_raw(ctx, max_pattern, budget, min_prob, max_branch, prior, prior_decay);
     return py::make_tuple(r.tokens, r.parents, r.probs, r.score, r.match_len);
   }
 
+  // A child's conditional probability is its weight share times C / (C + prior * decay^L), where
+  // C = occurrences continuing past the parent and L = tokens the parent spells (matched context
+  // plus draft path): one occurrence after a long context is stronger evidence than after a short.
   Raw draft_raw(const Tokens& ctx, int max_pattern, int budget, double min_prob, int max_branch,
-                double prior) const {
+                double prior, double prior_decay) const {
     const int64_t n = static_cast<int64_t>(ctx.size);
-    int32_t best = NIL;
+    Pos best{NIL, 0};
     int match_len = 0;
     const int64_t mmax = std::min<int64_t>(std::min<int64_t>(max_pattern, n), depth_ - 1);
     for (int64_t m = 1; m <= mmax; ++m) {
-      int32_t node = 0;
-      for (int64_t j = n - m; j < n && node != NIL; ++j) node = find(node, ctx.data[j]);
-      if (node == NIL) break;
-      if (nodes_[node].first_child != NIL) {
-        best = node;
+      Pos p{0, 0};
+      bool ok = true;
+      for (int64_t j = n - m; j < n && ok; ++j) ok = step(p, ctx.data[j]);
+      if (!ok) break;
+      if (has_children(p)) {
+        best = p;
         match_len = static_cast<int>(m);
       }
     }
@@ -153,56 +247,80 @@ class SuffixTrie {
     std::vector<int32_t>& tokens = out.tokens;
     std::vector<int32_t>& parents = out.parents;
     std::vector<double>& probs = out.probs;
-    if (best == NIL || budget <= 0) return out;
+    if (best.node == NIL || budget <= 0) return out;
     std::priority_queue<Cand, std::vector<Cand>, CandLess> heap;
     int64_t seq_no = 0;
     std::vector<int32_t> top;
-    auto push = [&](int32_t node, int32_t parent_idx, double base) {
+    auto push = [&](Pos at, int32_t parent_idx, double base, int32_t len) {
+      const double eff_prior = prior * std::pow(prior_decay, static_cast<double>(len));
+      const Node& nd = nodes_[at.node];
+      if (at.off > 0 || nd.tail_block != NIL) {  // one implicit child with all the weight
+        const double support = static_cast<double>(nd.tail_count);
+        const double conf = support / (support + eff_prior);
+        const double cond = static_cast<double>(nd.tail_weight) / static_cast<double>(nd.tail_weight) * conf;
+        heap.push(Cand{base * cond, seq_no++, Pos{at.node, at.off + 1}, parent_idx, len + 1});
+        return;
+      }
       int64_t total = 0, support = 0;
-      for (int32_t c = nodes_[node].first_child; c != NIL; c = nodes_[c].next_sib) {
+      for (int32_t c = nd.first_child; c != NIL; c = nodes_[c].next_sib) {
         total += nodes_[c].weight;
         support += nodes_[c].count;
       }
-      const double conf = static_cast<double>(support) / (static_cast<double>(support) + prior);
-      top_children(node, max_branch, top);
+      const double conf = static_cast<double>(support) / (static_cast<double>(support) + eff_prior);
+      top_children(at.node, max_branch, top);
       for (int32_t c : top) {
         const double cond = static_cast<double>(nodes_[c].weight) / static_cast<double>(total) * conf;
-        heap.push(Cand{base * cond, seq_no++, c, parent_idx});
+        heap.push(Cand{base * cond, seq_no++, Pos{c, 0}, parent_idx, len + 1});
       }
     };
-    push(best, -1, 1.0);
+    push(best, -1, 1.0, static_cast<int32_t>(match_len));
     double score = 0.0;
     while (!heap.empty() && static_cast<int>(tokens.size()) < budget) {
       Cand cand = heap.top();
       heap.pop();
       if (cand.prob < min_prob) break;
-      tokens.push_back(nodes_[cand.node].token);
+      tokens.push_back(token_at(cand.at));
       parents.push_back(cand.parent);
       probs.push_back(cand.prob);
       score += cand.prob;
-      if (nodes_[cand.node].first_child != NIL)
-        push(cand.node, static_cast<int32_t>(tokens.size()) - 1, cand.prob);
+      if (has_children(cand.at))
+        push(cand.at, static_cast<int32_t>(tokens.size()) - 1, cand.prob, cand.len);
     }
     out.score = score;
     out.match_len = match_len;
     return out;
   }
 
-  // Bytes the live nodes need (node record + edge-table share at the nominal load); freed nodes
-  // are reused by later inserts, so this is what eviction can reclaim.
+  // Bytes the structure needs: explicit node records with their edge-table share (at the nominal
+  // load) and the token blocks behind the tails; freed records are reused by later inserts.
   int64_t estimate_memory() const {
-    return 128 + num_nodes_ * static_cast<int64_t>(sizeof(Node) + 24);
+    return 128 + explicit_ * static_cast<int64_t>(sizeof(Node) + 24) +
+           block_tokens_ * static_cast<int64_t>(sizeof(int32_t)) +
+           static_cast<int64_t>(blocks_.size()) * 32;
   }
 
   bool check_integrity() const {
-    int64_t live = 0;
+    int64_t live = 0, implicit = 0;
+    std::vector<int64_t> refs(blocks_.size(), 0);
     std::vector<std::pair<int32_t, int>> stack{{0, 0}};
     while (!stack.empty()) {
       auto [node, d] = stack.back();
       stack.pop_back();
       if (d > depth_) return false;
+      const Node& nd = nodes_[node];
+      if (nd.tail_block != NIL) {
+        if (node == 0 || nd.first_child != NIL || nd.tail_len < 1 || d + nd.tail_len > depth_) return false;
+        if (nd.tail_block < 0 || nd.tail_block >= static_cast<int32_t>(blocks_.size())) return false;
+        if (nd.tail_pos < 0 || nd.tail_pos + nd.tail_len > static_cast<int32_t>(blocks_[nd.tail_block].size()))
+          return false;
+        if (nd.tail_weight <= 0 || nd.tail_count < 1 || nd.tail_count > nd.count ||
+            nd.tail_weight > nd.weight)
+          return false;
+        ++refs[nd.tail_block];
+        implicit += nd.tail_len;
+      }
       int64_t csum = 0, wsum = 0;
-      for (int32_t c = nodes_[node].first_child; c != NIL; c = nodes_[c].next_sib) {
+      for (int32_t c = nd.first_child; c != NIL; c = nodes_[c].next_sib) {
         const Node& cn = nodes_[c];
         if (cn.count <= 0 || cn.weight <= 0 || cn.parent != node) return false;
         if (find(node, cn.token) != c || find_hashed(node, cn.token) != c) return false;
@@ -212,17 +330,20 @@ class SuffixTrie {
         ++live;
         stack.push_back({c, d + 1});
       }
-      if (node != 0 && (csum > nodes_[node].count || wsum > nodes_[node].weight)) return false;
+      if (node != 0 && (csum > nd.count || wsum > nd.weight)) return false;
     }
-    return live == num_nodes_ && static_cast<int64_t>(used_) == num_nodes_;
+    for (size_t b = 0; b < blocks_.size(); ++b)
+      if (refs[b] != block_refs_[b]) return false;
+    return live == explicit_ && implicit == implicit_ && static_cast<int64_t>(used_) == explicit_;
   }
 
  private:
   struct Cand {
     double prob;
     int64_t seq;
-    int32_t node;
+    Pos at;
     int32_t parent;
+    int32_t len;  // tokens the candidate's node spells
   };
   struct CandLess {  // max-heap on prob, then min on push order (as Python's heapq tuples)
     bool operator()(const Cand& a, const Cand& b) const {
@@ -230,8 +351,38 @@ class SuffixTrie {
     }
   };
 
+  static std::invalid_argument missing(int32_t tok, int64_t j) {
+    return std::invalid_argument("sequence is not stored: missing token " + std::to_string(tok) +
+                                 " at offset " + std::to_string(j));
+  }
+
   static uint64_t key_of(int32_t parent, int32_t tok) {
     return (static_cast<uint64_t>(static_cast<uint32_t>(parent)) << 32) | static_cast<uint32_t>(tok);
+  }
+
+  int32_t token_at(Pos p) const {
+    const Node& nd = nodes_[p.node];
+    return p.off == 0 ? nd.token : blocks_[nd.tail_block][nd.tail_pos + p.off - 1];
+  }
+
+  bool has_children(Pos p) const {
+    const Node& nd = nodes_[p.node];
+    if (p.off > 0) return p.off < nd.tail_len;
+    return nd.first_child != NIL || nd.tail_block != NIL;
+  }
+
+  // Move to the child spelling `tok`; false (p unchanged) when there is none.
+  bool step(Pos& p, int32_t tok) const {
+    const Node& nd = nodes_[p.node];
+    if (p.off > 0 || nd.tail_block != NIL) {
+      if (p.off >= nd.tail_len || blocks_[nd.tail_block][nd.tail_pos + p.off] != tok) return false;
+      ++p.off;
+      return true;
+    }
+    const int32_t c = find(p.node, tok);
+    if (c == NIL) return false;
+    p = Pos{c, 0};
+    return true;
   }
 
   // Short sibling lists are scanned directly (most suffix-trie nodes have one or two children);
@@ -297,15 +448,93 @@ class SuffixTrie {
     } else {
       if (nodes_.size() >= 0x7fffffff) throw std::length_error("suffix trie is full");
       id = static_cast<int32_t>(nodes_.size());
-      nodes_.push_back(Node{});
+      nodes_.push_back(EMPTY_NODE);
     }
     Node& nd = nodes_[id];
-    nd = Node{tok, 0, NIL, nodes_[parent].first_child, NIL, parent, 0};
+    nd = EMPTY_NODE;
+    nd.token = tok;
+    nd.next_sib = nodes_[parent].first_child;
+    nd.parent = parent;
     if (nd.next_sib != NIL) nodes_[nd.next_sib].prev_sib = id;
     nodes_[parent].first_child = id;
     insert_edge(key_of(parent, tok), id);
-    ++num_nodes_;
+    ++explicit_;
     return id;
+  }
+
+  int32_t new_block(const int32_t* data, int64_t len) {
+    int32_t id;
+    if (!free_blocks_.empty()) {
+      id = free_blocks_.back();
+      free_blocks_.pop_back();
+    } else {
+      id = static_cast<int32_t>(blocks_.size());
+      blocks_.emplace_back();
+      block_refs_.push_back(0);
+    }
+    blocks_[id].assign(data, data + len);
+    block_tokens_ += len;
+    return id;
+  }
+
+  bool tail_matches(const Node& nd, const int32_t* toks) const {
+    const int32_t* t = blocks_[nd.tail_block].data() + nd.tail_pos;
+    return std::equal(t, t + nd.tail_len, toks);
+  }
+
+  void attach_tail(int32_t node, int32_t block, int32_t pos, int32_t len, int32_t count,
+                   int64_t weight) {
+    Node& nd = nodes_[node];
+    nd.tail_block = block;
+    nd.tail_pos = pos;
+    nd.tail_len = len;
+    nd.tail_count = count;
+    nd.tail_weight = weight;
+    ++block_refs_[block];
+    implicit_ += len;
+  }
+
+  void drop_tail(int32_t node) {
+    Node& nd = nodes_[node];
+    const int32_t b = nd.tail_block;
+    implicit_ -= nd.tail_len;
+    nd.tail_block = NIL;
+    nd.tail_pos = nd.tail_len = nd.tail_count = 0;
+    nd.tail_weight = 0;
+    release_block(b);
+  }
+
+  void release_block(int32_t b) {
+    if (--block_refs_[b] == 0) {
+      block_tokens_ -= static_cast<int64_t>(blocks_[b].size());
+      std::vector<int32_t>().swap(blocks_[b]);
+      free_blocks_.push_back(b);
+    }
+  }
+
+  // Turn the first implicit node of `node`'s tail into an explicit child; the rest of the tail
+  // moves to that child. Returns the child.
+  int32_t materialize(int32_t node) {
+    const int32_t b = nodes_[node].tail_block, pos = nodes_[node].tail_pos;
+    const int32_t len = nodes_[node].tail_len, cnt = nodes_[node].tail_count;
+    const int64_t w = nodes_[node].tail_weight;
+    const int32_t tok = blocks_[b][pos];
+    ++block_refs_[b];  // keep the block alive across the move
+    drop_tail(node);
+    const int32_t child = create(node, tok);
+    nodes_[child].count = cnt;
+    nodes_[child].weight = w;
+    if (len > 1) attach_tail(child, b, pos + 1, len - 1, cnt, w);
+    release_block(b);
+    return child;
+  }
+
+  Pos explicitize(Pos p) {
+    while (p.off > 0) {
+      const int32_t child = materialize(p.node);
+      p = Pos{child, p.off - 1};
+    }
+    return p;
   }
 
   void remove_subtree(int32_t top) {
@@ -318,10 +547,11 @@ class SuffixTrie {
       int32_t id = stack.back();
       stack.pop_back();
       for (int32_t c = nodes_[id].first_child; c != NIL; c = nodes_[c].next_sib) stack.push_back(c);
+      if (nodes_[id].tail_block != NIL) drop_tail(id);
       erase_edge(key_of(nodes_[id].parent, nodes_[id].token));
-      nodes_[id] = Node{0, 0, NIL, NIL, NIL, NIL, 0};
+      nodes_[id] = EMPTY_NODE;
       free_.push_back(id);
-      --num_nodes_;
+      --explicit_;
     }
   }
 
@@ -349,14 +579,18 @@ class SuffixTrie {
   std::vector<uint64_t> keys_;
   std::vector<int32_t> vals_;
   size_t used_ = 0, tombs_ = 0;
-  int64_t num_nodes_ = 0;
+  int64_t explicit_ = 0, implicit_ = 0;
+  std::vector<std::vector<int32_t>> blocks_;
+  std::vector<int64_t> block_refs_;
+  std::vector<int32_t> free_blocks_;
+  int64_t block_tokens_ = 0;
 };
 
 // Twin of combine.mix_draft_py: each trie drafts 2*budget nodes (min_prob 0); path probabilities
 // are mixed with normalised weights and the best `budget` paths form the tree.
 py::tuple mix_draft(const std::vector<SuffixTrie*>& tries, const std::vector<double>& weights,
                     const py::handle& ctx_obj, int max_pattern, int budget, double min_prob,
-                    int max_branch, double prior) {
+                    int max_branch, double prior, double prior_decay) {
   if (tries.size() != weights.size()) throw std::invalid_argument("tries and weights differ in length");
   Tokens ctx(ctx_obj);
   std::vector<SuffixTrie::Raw> raws;
@@ -364,7 +598,8 @@ py::tuple mix_draft(const std::vector<SuffixTrie*>& tries, const std::vector<dou
   int match_len = 0, used = 0;
   for (size_t i = 0; i < tries.size(); ++i) {
     if (tries[i] == nullptr || weights[i] <= 0) continue;
-    SuffixTrie::Raw r = tries[i]->draft_raw(ctx, max_pattern, 2 * budget, 0.0, max_branch, prior);
+    SuffixTrie::Raw r = tries[i]->draft_raw(ctx, max_pattern, 2 * budget, 0.0, max_branch, prior,
+                                               prior_decay);
     if (r.tokens.empty()) continue;
     match_len = std::max(match_len, r.match_len);
     used |= 1 << i;
@@ -453,15 +688,17 @@ PYBIND11_MODULE(_rhyme_native, m) {
       .def(py::init<int>(), py::arg("max_depth"))
       .def_property_readonly("max_depth", &SuffixTrie::max_depth)
       .def_property_readonly("num_nodes", &SuffixTrie::num_nodes)
+      .def_property_readonly("num_explicit", &SuffixTrie::num_explicit)
       .def("clear", &SuffixTrie::clear)
       .def("update", &SuffixTrie::update, py::arg("seq"), py::arg("lo"), py::arg("dcount"),
            py::arg("dweight"))
       .def("lookup", &SuffixTrie::lookup, py::arg("path"))
       .def("draft", &SuffixTrie::draft, py::arg("context"), py::arg("max_pattern"),
-           py::arg("budget"), py::arg("min_prob"), py::arg("max_branch"), py::arg("prior") = 0.0)
+           py::arg("budget"), py::arg("min_prob"), py::arg("max_branch"), py::arg("prior") = 0.0,
+           py::arg("prior_decay") = 1.0)
       .def("estimate_memory", &SuffixTrie::estimate_memory)
       .def("check_integrity", &SuffixTrie::check_integrity);
   m.def("mix_draft", &mix_draft, py::arg("tries"), py::arg("weights"), py::arg("context"),
         py::arg("max_pattern"), py::arg("budget"), py::arg("min_prob"), py::arg("max_branch"),
-        py::arg("prior"));
+        py::arg("prior"), py::arg("prior_decay") = 1.0);
 }
