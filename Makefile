@@ -52,6 +52,8 @@ demo: setup models
 
 bench: setup models
 	$(VPY) -m benchmarks.replay --traces ../shared/data/traces_smollm2_arith_dev.jsonl.gz --json out/replay.json
+	$(VPY) -m benchmarks.replay --traces benchmarks/data/traces_smollm2_gsm_long.jsonl.gz --json out/replay_gsm_long.json
+	$(VPY) -m benchmarks.bench_store --json out/store.json
 
 # Regenerate the exact pins from a working .venv.
 lock:

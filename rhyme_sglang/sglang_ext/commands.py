@@ -1,0 +1,118 @@
+"""Control commands of the RHYME worker (the ``rhyme_*`` Engine calls and ``/rhyme/*`` routes).
+
+:class:`ControlCommands` is mixed into :class:`~rhyme_sglang.sglang_ext.worker.RhymeWorker`;
+``command(name, args)`` runs ``_cmd_<name>(**args)`` under the worker's lock, called from the
+control thread (:mod:`.control`). A handler raises ``ValueError`` naming the bad value and leaves
+the history unchanged; its result is JSON-serialisable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from rhyme_sglang.core import DraftStore
+from rhyme_sglang.sglang_ext.stats import SpecStats
+
+
+class ControlCommands:
+    """Handlers over the worker's ``store``, ``stats``, ``cost``, ``config``, ``lock`` and
+    ``_tracked`` (requests in flight)."""
+
+    def command(self, name: str, args: dict):
+        """Run one control command under the lock (see :mod:`.control`)."""
+        with self.lock:
+            self._maybe_advance_epoch()
+            handler = getattr(self, "_cmd_" + name, None)
+            if handler is None:
+                raise ValueError(f"unknown rhyme command {name!r}")
+            return handler(**args)
+
+    def _cmd_stats(self):
+        out = self.stats.as_dict()
+        out.update(
+            cost_model=self.cost.as_dict(),
+            epoch=self.store.epoch, num_prompts=self.store.num_prompts,
+            num_responses=self.store.num_responses, active_requests=len(self._tracked),
+            memory_bytes=self.store.estimate_memory(), backend=self.store.backend,
+        )
+        return out
+
+    def _cmd_set_rewards(self, rewards):
+        if not isinstance(rewards, list) or not rewards:
+            raise ValueError("rewards must be a non-empty list of objects")
+        targets = []
+        for item in rewards:
+            if not isinstance(item, dict):
+                raise ValueError(f"each reward must be an object, got {item!r}")
+            reward = item.get("reward")
+            if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+                raise ValueError(f"reward must be a finite number, got {reward!r}")
+            if "rid" in item:
+                target = item["rid"]
+                if not isinstance(target, str):
+                    raise ValueError(f"rid must be a string, got {target!r}")
+            elif "prompt_id" in item and "sample" in item:
+                if not isinstance(item["sample"], int) or isinstance(item["sample"], bool):
+                    raise ValueError(f"sample must be an int, got {item['sample']!r}")
+                target = (str(item["prompt_id"]), item["sample"])
+            else:
+                raise ValueError(f"a reward needs 'rid' or 'prompt_id'+'sample': {item!r}")
+            targets.append((target, float(reward)))
+        unknown = [t for t, _ in targets if not self.store.has_reward_target(t)]
+        if unknown:  # all-or-nothing: nothing is applied when any target is unknown
+            raise ValueError(f"unknown reward target(s): {unknown[:5]}")
+        for target, reward in targets:
+            self.store.set_reward(target, reward)
+        return {"updated": len(targets)}
+
+    def _cmd_advance_epoch(self):
+        return {"epoch": self.store.advance_epoch()}
+
+    def _cmd_save(self, path):
+        self.store.save(str(path))
+        return {"path": str(path), "num_responses": self.store.num_responses}
+
+    def _cmd_load(self, path):
+        if self._tracked:
+            raise ValueError("cannot load a snapshot while requests are running")
+        self.store.load(str(path))
+        return {"epoch": self.store.epoch, "num_responses": self.store.num_responses}
+
+    def _cmd_reset(self):
+        if self._tracked:
+            raise ValueError("cannot reset while requests are running")
+        self.store = DraftStore(self.config.store_config())
+        self.stats = SpecStats()
+        return {"epoch": 0}
+
+    def _cmd_draft(self, prompt, context=(), max_tokens=8, prompt_id=None):
+        """The draft the store would propose after ``prompt + context`` (for inspection)."""
+        rid = "__rhyme_probe__"
+        self.store.start_request(rid, list(prompt), prompt_id=prompt_id)
+        try:
+            if context:
+                self.store.add_tokens(rid, list(context))
+            draft = self.store.speculate(rid, int(max_tokens))
+        finally:
+            self.store.finish_request(rid, add_to_history=False)
+        return {"token_ids": list(draft.token_ids), "parents": list(draft.parents),
+                "probs": [float(p) for p in draft.probs], "match_len": draft.match_len}
+
+    def _cmd_schedule_policy(self, policy=None):
+        """Return the waiting-queue policy; switch it first when ``policy`` is given."""
+        if policy is not None:
+            # RhymeConfig validates the name (ValueError lists the choices)
+            self.config = dataclasses.replace(self.config, schedule_policy=policy)
+        return {"policy": self.config.schedule_policy}
+
+    def _cmd_predict_lengths(self, prompts):
+        if not isinstance(prompts, list):
+            raise ValueError("prompts must be a list of token-id lists or prompt ids")
+        out = []
+        for p in prompts:
+            if isinstance(p, str) or (isinstance(p, list) and all(isinstance(t, int) for t in p)):
+                out.append(float(self.store.predict_length(p)))
+            else:
+                raise ValueError(f"a prompt must be a prompt id or a list of token ids, got {p!r}")
+        return {"lengths": out}
