@@ -245,10 +245,17 @@ def run_ordering(model_path, dtype, prompts, args, checkpoint, workdir) -> dict:
                 engine.rhyme_load(snapshot)
                 engine.flush_cache_blocking()
                 engine.rhyme_schedule_policy(policy)
+                before = engine.rhyme_stats()
                 results, makespan = run(_timed_pairs(engine, pairs, args.ordering_max_new_tokens,
                                                      lengths))
+                after = engine.rhyme_stats()
                 tokens = sum(len(r["ids"]) for r in results)
-                runs[policy].append({"makespan_s": makespan, "output_tokens": tokens})
+                runs[policy].append({
+                    "makespan_s": makespan, "output_tokens": tokens,
+                    # decode steps that verified drafts vs plain steps (the cost model's choice)
+                    "decode_steps": {m: after["decode_steps"][m] - before["decode_steps"][m]
+                                     for m in after["decode_steps"]},
+                    "accepted_draft_tokens": after["accepted_tokens"] - before["accepted_tokens"]})
                 logger.info("ordering %s repeat %d: %.1f s, %d tokens", policy, rep, makespan, tokens)
         cost_model = engine.rhyme_stats()["cost_model"]
     finally:
