@@ -183,14 +183,16 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         with self.lock:
             self._maybe_advance_epoch()
             for i, req in enumerate(batch.reqs):
-                output = list(req.output_ids)
-                if use_prev:
-                    output += prev_tokens[i * n : i * n + prev_lens[i]]
-                self._sync(req, output)
+                out_ids = req.output_ids
+                extra = prev_tokens[i * n : i * n + prev_lens[i]] if use_prev else []
+                self._sync(req, out_ids, extra)
                 t0 = time.perf_counter()
                 draft = self.store.speculate(req.rid, n - 1)
                 self.stats.record_lookup((time.perf_counter() - t0) * 1e6)
-                last = output[-1] if output else req.origin_input_ids_unpadded[-1]
+                if extra:
+                    last = extra[-1]
+                else:
+                    last = out_ids[-1] if len(out_ids) else req.origin_input_ids_unpadded[-1]
                 tokens[i], masks[i], real = draft_to_tree(last, draft.token_ids, draft.parents, n)
                 tracked = self._tracked[req.rid]
                 tracked.proposed = real
@@ -201,8 +203,9 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
     def _update_ngram_corpus(self, batch):
         """Accepted tokens reach the store at the next draft (or at finish), not here."""
 
-    def _sync(self, req, output) -> None:
-        """Start tracking ``req`` if new, then feed the store its new output tokens."""
+    def _sync(self, req, out_ids, extra=()) -> None:
+        """Start tracking ``req`` if new, then feed the store its new output tokens: those of
+        ``out_ids + extra`` past what was already synced (only that tail is copied)."""
         tracked = self._tracked.get(req.rid)
         if tracked is None:
             self.store.start_request(
@@ -210,7 +213,8 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
                 prompt_id=_custom(req, "rhyme_prompt_id"), sample=_custom(req, "rhyme_sample"),
             )
             tracked = self._tracked[req.rid] = _Tracked()
-        new = output[tracked.synced :]
+        done, base = tracked.synced, len(out_ids)
+        new = (list(out_ids[done:]) + list(extra)) if done <= base else list(extra[done - base :])
         if not new:
             return
         self.store.add_tokens(req.rid, new)
@@ -220,7 +224,7 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
             self.stats.record(self.store.epoch, tracked.proposed, len(new))
             self.cost.observe_acceptance(tracked.predicted, accepted)
             tracked.proposed = None
-        tracked.synced = len(output)
+        tracked.synced = base + len(extra)
 
     # --------------------------------------------------------- request lifecycle
     def on_batch_result(self, batch) -> None:
@@ -233,7 +237,7 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
     def _finish(self, req) -> None:
         from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
-        self._sync(req, list(req.output_ids))
+        self._sync(req, req.output_ids)
         aborted = isinstance(req.finished_reason, FINISH_ABORT)
         self.store.finish_request(req.rid, add_to_history=not aborted)
         self._tracked.pop(req.rid, None)
