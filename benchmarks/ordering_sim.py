@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List, Sequence, Tuple
 
+from rhyme_sglang.core import lpt_group_order
+
 Request = Tuple[str, int]  # (prompt id, length in tokens), in submission order
 
 
@@ -23,10 +25,7 @@ def order_queue(requests: Sequence[Request], predicted: Dict[str, float], policy
         return list(requests)
     if policy != "lpt":
         raise ValueError(f"policy must be 'fcfs' or 'lpt', got {policy!r}")
-    first: Dict[str, int] = {}
-    for pos, (pid, _) in enumerate(requests):
-        first.setdefault(pid, pos)
-    return sorted(requests, key=lambda r: (-predicted.get(r[0], 0.0), first[r[0]]))
+    return [requests[i] for i in lpt_group_order([pid for pid, _ in requests], predicted)]
 
 
 def makespan(requests: Sequence[Request], predicted: Dict[str, float], policy: str, slots: int,

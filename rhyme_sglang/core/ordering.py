@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import heapq
-from typing import List, Sequence, Tuple, TypeVar
+from typing import List, Mapping, Sequence, Tuple, TypeVar
 
 T = TypeVar("T")
 
@@ -21,6 +21,16 @@ def lpt_order(items: Sequence[T], predicted_lengths: Sequence[float]) -> List[T]
     _check_lengths(items, predicted_lengths, "predicted_lengths")
     order = sorted(range(len(items)), key=lambda i: -predicted_lengths[i])
     return [items[i] for i in order]
+
+
+def lpt_group_order(keys: Sequence, predicted: Mapping) -> List[int]:
+    """Indices of a queue ordered longest predicted first, each key's items kept together in
+    order of the key's first appearance (prompt groups stay adjacent, for prefix-cache reuse);
+    keys missing from `predicted` count as 0."""
+    first: dict = {}
+    for pos, key in enumerate(keys):
+        first.setdefault(key, pos)
+    return sorted(range(len(keys)), key=lambda i: (-predicted.get(keys[i], 0.0), first[keys[i]]))
 
 
 def _check_engines(num_engines: int) -> None:

@@ -23,7 +23,7 @@ import numpy as np
 
 from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
-from rhyme_sglang.core import DraftStore
+from rhyme_sglang.core import DraftStore, lpt_group_order
 from rhyme_sglang.core.cost_model import SpecCostModel
 from rhyme_sglang.sglang_ext.commands import ControlCommands
 from rhyme_sglang.sglang_ext.config import RhymeConfig
@@ -257,15 +257,9 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         """Longest predicted first, keeping each prompt group together (stable)."""
         if self.config.schedule_policy != "lpt" or len(queue) < 2:
             return
+        keys = [_custom(req, "rhyme_prompt_id") or tuple(req.origin_input_ids_unpadded)
+                for req in queue]
         with self.lock:
-            preds = {}
-            for req in queue:
-                key = _custom(req, "rhyme_prompt_id") or tuple(req.origin_input_ids_unpadded)
-                if key not in preds:
-                    prompt = key if isinstance(key, str) else list(key)
-                    preds[key] = self.store.predict_length(prompt)
-                req._rhyme_key = key
-        first_seen = {}
-        for pos, req in enumerate(queue):
-            first_seen.setdefault(req._rhyme_key, pos)
-        queue.sort(key=lambda r: (-preds[r._rhyme_key], first_seen[r._rhyme_key]))
+            preds = {key: self.store.predict_length(key if isinstance(key, str) else list(key))
+                     for key in set(keys)}
+        queue[:] = [queue[i] for i in lpt_group_order(keys, preds)]

@@ -80,3 +80,13 @@ def test_trace_round_trip_and_validation(tmp_path):
         fh.write(json.dumps(rec.__dict__) + "\n" + json.dumps(rec.__dict__) + "\n")
     with pytest.raises(ValueError, match="duplicate"):
         read_trace(str(dup))
+
+
+def test_lpt_group_order_keeps_groups_together_longest_first():
+    from rhyme_sglang.core import lpt_group_order
+
+    keys = ["a", "b", "a", "c", "b", "d"]
+    order = lpt_group_order(keys, {"a": 3.0, "b": 9.0, "c": 3.0})
+    # b (9) first; a and c tie at 3 and keep first-appearance order; unknown d counts as 0
+    assert [keys[i] for i in order] == ["b", "b", "a", "a", "c", "d"]
+    assert order[:2] == [1, 4] and order[2:4] == [0, 2]
