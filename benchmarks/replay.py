@@ -38,7 +38,7 @@ from .peers.rhyme import RhymeSource
 
 logger = logging.getLogger("benchmarks.replay")
 ALL_SOURCES = ("rhyme", "rhyme-noreward", "rhyme-latest", "rhyme-chain", "histospec",
-               "sglang-ngram", "sglang-ngram-tree", "suffix", "suffix-tree", "oracle")
+               "sglang-ngram", "sglang-ngram-tree", "suffix", "suffix-tree", "oracle", "oracle-ext")
 BASELINES = ("histospec", "sglang-ngram", "sglang-ngram-tree", "suffix", "suffix-tree")
 
 
@@ -54,8 +54,8 @@ def make_source(name: str, k: int, backend: str = "auto") -> DraftSource:
         return RhymeSource(name, StoreConfig(max_branch=1), backend)
     if name == "histospec":
         return HistoSpecSource()
-    if name == "oracle":
-        return OracleSource(k)
+    if name in ("oracle", "oracle-ext"):
+        return OracleSource(k, extended=name == "oracle-ext")
     if name.startswith("sglang-ngram"):
         why = ngram.import_error()
         if why:
@@ -138,17 +138,24 @@ def run(records: Sequence[TraceRecord], k: int, mode: str, sources: Sequence[str
     return result
 
 
-def ratios(result: dict) -> Dict[str, Optional[float]]:
+def ratios(result: dict, target: float = 1.2) -> Dict[str, Optional[float]]:
+    """rhyme against the best baseline and the ceilings; `target_tau` is `target` times the best
+    baseline's tau, and `target/<ceiling>` says how much of each ceiling that would take."""
     src = result["sources"]
     out: Dict[str, Optional[float]] = {"best_baseline": None, "rhyme/best_baseline": None,
                                        "rhyme/oracle": None}
     base = [(src[n]["tau"], n) for n in BASELINES if n in src]
     if base:
         out["best_baseline"] = max(base)[1]
+        out["target_tau"] = target * max(base)[0]
     if "rhyme" in src and base:
         out["rhyme/best_baseline"] = src["rhyme"]["tau"] / max(base)[0]
-    if "rhyme" in src and "oracle" in src:
-        out["rhyme/oracle"] = src["rhyme"]["tau"] / src["oracle"]["tau"]
+    for ceiling in ("oracle", "oracle-ext"):
+        if ceiling in src:
+            if "rhyme" in src:
+                out[f"rhyme/{ceiling}"] = src["rhyme"]["tau"] / src[ceiling]["tau"]
+            if base:
+                out[f"target/{ceiling}"] = out["target_tau"] / src[ceiling]["tau"]
     return out
 
 
@@ -168,8 +175,14 @@ def format_table(result: dict) -> str:
     r = ratios(result)
     if r["rhyme/best_baseline"] is not None:
         lines.append(f"rhyme / best baseline ({r['best_baseline']}): {r['rhyme/best_baseline']:.3f}")
-    if r["rhyme/oracle"] is not None:
-        lines.append(f"rhyme / oracle: {r['rhyme/oracle']:.3f}")
+    for ceiling in ("oracle", "oracle-ext"):
+        if r.get(f"rhyme/{ceiling}") is not None:
+            lines.append(f"rhyme / {ceiling}: {r[f'rhyme/{ceiling}']:.3f}")
+    if r.get("target_tau") is not None:
+        shares = ", ".join(f"{r[f'target/{c}']:.2f} of {c}" for c in ("oracle", "oracle-ext")
+                           if f"target/{c}" in r)
+        lines.append(f"1.2x the best baseline = tau {r['target_tau']:.3f}"
+                     + (f" ({shares})" if shares else ""))
     return "\n".join(lines)
 
 

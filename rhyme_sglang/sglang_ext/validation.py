@@ -5,7 +5,9 @@ Two layers:
   with known fields and known sampling-parameter names.
 * :func:`install_token_id_check` (tokenizer manager, so HTTP and ``Engine`` alike): every
   input token id must be an int in ``[0, vocab_size)``; sglang 0.5.23 otherwise lets an
-  out-of-vocabulary id reach the model and the scheduler process dies.
+  out-of-vocabulary id reach the model and the scheduler process dies. RHYME's
+  ``custom_params`` (``rhyme_prompt_id``: non-empty str, ``rhyme_sample``: int >= 0) are
+  checked in both layers.
 """
 
 from __future__ import annotations
@@ -61,6 +63,10 @@ def check_generate_body(body) -> str | None:
             v = p.get(name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
                 return f"{name} must be a number, got {v!r}"
+        try:
+            check_rhyme_params(p)
+        except ValueError as exc:
+            return str(exc)
     ids = body.get("input_ids")
     if ids is not None:
         rows = ids if ids and isinstance(ids[0], list) else [ids] if isinstance(ids, list) else None
@@ -88,6 +94,21 @@ class RequestValidationMiddleware(BaseHTTPMiddleware):
         return await call_next(request)
 
 
+def check_rhyme_params(sampling_params) -> None:
+    """Raise ``ValueError`` for malformed RHYME keys in ``sampling_params["custom_params"]``."""
+    custom = sampling_params.get("custom_params") if isinstance(sampling_params, dict) else None
+    if custom is None:
+        return
+    if not isinstance(custom, dict):
+        raise ValueError(f"custom_params must be an object, got {type(custom).__name__}")
+    pid = custom.get("rhyme_prompt_id")
+    if pid is not None and (not isinstance(pid, str) or not pid):
+        raise ValueError(f"custom_params.rhyme_prompt_id must be a non-empty string, got {pid!r}")
+    sample = custom.get("rhyme_sample")
+    if sample is not None and (isinstance(sample, bool) or not isinstance(sample, int) or sample < 0):
+        raise ValueError(f"custom_params.rhyme_sample must be an integer >= 0, got {sample!r}")
+
+
 def check_token_ids(input_ids, vocab_size: int) -> None:
     """Raise ``ValueError`` naming the first token id outside ``[0, vocab_size)``."""
     if input_ids is None:
@@ -109,6 +130,7 @@ def install_token_id_check() -> None:
 
     def _validate_one_request(self, obj, input_ids):
         check_token_ids(input_ids, self.model_config.vocab_size)
+        check_rhyme_params(getattr(obj, "sampling_params", None))
         return original(self, obj, input_ids)
 
     _validate_one_request.__rhyme_wrapped__ = True

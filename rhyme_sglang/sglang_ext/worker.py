@@ -24,6 +24,7 @@ import numpy as np
 from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
 from rhyme_sglang.core import DraftStore, lpt_group_order
+from rhyme_sglang.core.history import prompt_key
 from rhyme_sglang.core.cost_model import SpecCostModel
 from rhyme_sglang.sglang_ext.commands import ControlCommands
 from rhyme_sglang.sglang_ext.config import RhymeConfig
@@ -42,8 +43,15 @@ class _Tracked:
 
 
 def _custom(req, key):
+    """A RHYME custom parameter of the request, None when absent or malformed (requests are
+    validated before they reach the scheduler; this keeps a bad value from stopping it)."""
     params = getattr(req.sampling_params, "custom_params", None)
-    return params.get(key) if isinstance(params, dict) else None
+    value = params.get(key) if isinstance(params, dict) else None
+    if key == "rhyme_prompt_id" and not (isinstance(value, str) and value):
+        return None
+    if key == "rhyme_sample" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        return None
+    return value
 
 
 class RhymeWorker(ControlCommands, NGRAMWorker):
@@ -58,6 +66,8 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         self._tracked: dict[str, _Tracked] = {}
         self._weights_changed = False
         self.predicted: dict[str, float] = {}
+        self._pred_cache: dict[str, float] = {}  # prompt key -> predicted length (ordering)
+        self._pred_version = None  # the store's length-statistics version the cache belongs to
         if self.config.snapshot_path:
             import os
 
@@ -254,12 +264,26 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
 
     # ----------------------------------------------------------------- ordering
     def order_waiting_queue(self, queue) -> None:
-        """Longest predicted first, keeping each prompt group together (stable)."""
+        """Longest predicted first, keeping each prompt group together (stable). Runs on every
+        scheduling pass: each request's prompt key is computed once (cached on the request) and
+        predictions are cached until the store's length statistics change."""
         if self.config.schedule_policy != "lpt" or len(queue) < 2:
             return
-        keys = [_custom(req, "rhyme_prompt_id") or tuple(req.origin_input_ids_unpadded)
-                for req in queue]
+        keys = [self._prompt_key_of(req) for req in queue]
         with self.lock:
-            preds = {key: self.store.predict_length(key if isinstance(key, str) else list(key))
-                     for key in set(keys)}
-        queue[:] = [queue[i] for i in lpt_group_order(keys, preds)]
+            version = self.store.lengths.version
+            if self._pred_version != version:
+                self._pred_cache, self._pred_version = {}, version
+            cache = self._pred_cache
+            for key in set(keys):
+                if key not in cache:
+                    cache[key] = self.store.predict_length(key)
+        queue[:] = [queue[i] for i in lpt_group_order(keys, cache)]
+
+    @staticmethod
+    def _prompt_key_of(req) -> str:
+        key = getattr(req, "_rhyme_prompt_key", None)
+        if key is None:
+            key = prompt_key(req.origin_input_ids_unpadded, _custom(req, "rhyme_prompt_id"))
+            req._rhyme_prompt_key = key
+        return key

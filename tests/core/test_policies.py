@@ -44,6 +44,28 @@ def test_length_stats_summary_and_prediction():
         ls.record("a", 0, 0, -1)
 
 
+def test_length_stats_version_tracks_every_change():
+    """Callers cache predictions by `version`: every change must give a new one, and the cached
+    fallback for unknown prompts must follow the data."""
+    ls = LengthStats(default=64.0)
+    seen = {ls.version}
+    assert ls.predict("unknown") == 64.0
+    ls.record("a", 0, 0, 10)
+    assert ls.version not in seen and ls.predict("unknown") == 10.0
+    seen.add(ls.version)
+    ls.record("b", 0, 0, 30)
+    assert ls.version not in seen and ls.predict("unknown") == 20.0
+    seen.add(ls.version)
+    ls.forget("nothing-here")
+    assert ls.version in seen  # no change, same version
+    ls.forget("a")
+    assert ls.version not in seen and ls.predict("unknown") == 30.0
+    seen.add(ls.version)
+    other = LengthStats()
+    other.load_state(ls.to_state())
+    assert other.version not in seen and other.predict("b") == 30.0
+
+
 def test_lpt_beats_round_robin_on_skewed_loads():
     groups = ["g0", "g1", "g2", "g3", "g4", "g5"]
     loads = [10, 1, 10, 1, 1, 1]

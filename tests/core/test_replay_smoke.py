@@ -6,7 +6,8 @@ import os
 import pytest
 
 from benchmarks import replay
-from rhyme_sglang.core.trace import read_trace, write_trace
+from benchmarks.peers.oracle import OracleSource
+from rhyme_sglang.core.trace import TraceRecord, read_trace, write_trace
 
 TRACE = "/work/shared/data/traces_smollm2_arith_dev.jsonl.gz"
 pytestmark = pytest.mark.skipif(not os.path.exists(TRACE), reason=f"dev trace missing: {TRACE}")
@@ -28,10 +29,15 @@ def test_replay_smoke(tmp_path, mode):
     small = tmp_path / "small.jsonl"
     write_trace(str(small), records)
     assert replay.main(["--traces", str(small), "--k", "8", "--mode", mode, "--json", str(out),
-                        "--sources", "rhyme,histospec,oracle"]) == 0
+                        "--sources", "rhyme,histospec,oracle,oracle-ext"]) == 0
     result = json.loads(out.read_text())
-    _check(result, ["rhyme", "histospec", "oracle"], 8, mode)
-    assert result["sources"]["oracle"]["tau"] >= result["sources"]["histospec"]["tau"]
+    _check(result, ["rhyme", "histospec", "oracle", "oracle-ext"], 8, mode)
+    tau = {name: s["tau"] for name, s in result["sources"].items()}
+    assert tau["oracle-ext"] >= tau["oracle"] >= tau["histospec"]
+    assert tau["oracle-ext"] >= tau["rhyme"]
+    r = result["ratios"]
+    assert r["target_tau"] == pytest.approx(1.2 * tau["histospec"])
+    assert r["target/oracle-ext"] == pytest.approx(r["target_tau"] / tau["oracle-ext"])
 
 
 @pytest.mark.sglang
@@ -44,3 +50,21 @@ def test_replay_with_sglang_ngram():
     result = replay.run(records, 8, "history", ["sglang-ngram", "sglang-ngram-tree"])
     for name in ("sglang-ngram", "sglang-ngram-tree"):
         assert 1.0 <= result["sources"][name]["tau"] <= 9
+
+
+def _rec(epoch, prompt, response, sample=0):
+    return TraceRecord("p", epoch, sample, prompt, response, 0.0, "stop")
+
+
+@pytest.mark.parametrize("extended", [False, True])
+def test_oracle_ceilings_by_hand(extended):
+    """History holds 5 6 7; the new response copies 5 6 7 (history) and then 1 2 3 4 from its
+    own prompt, so only the extended ceiling may draft the second part."""
+    prompt, k = [1, 2, 3, 4, 9], 8
+    hist = _rec(0, prompt, [5, 6, 7])
+    new = _rec(1, prompt, [5, 6, 7, 1, 2, 3, 4])
+    epochs = {0: [hist], 1: [new]}
+    result = replay.replay_source(OracleSource(k, extended=extended), epochs, k, "history")
+    # plain: step 1 drafts 5 6 7 (context 9), bonus 1, then 2 3 4 one per step: 7 tokens / 4 steps;
+    # extended: after the bonus 1, "1 2 3 4" occurs in the prompt: 7 tokens / 2 steps
+    assert result["tau"] == pytest.approx(7 / 2 if extended else 7 / 4)

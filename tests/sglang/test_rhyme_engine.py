@@ -146,6 +146,10 @@ def test_bad_control_input_is_refused_and_history_intact(tiny, tmp_path):
         engine.rhyme_load(str(corrupt))
     with pytest.raises(ControlError):
         engine.rhyme_predict_lengths([{"a": 1}])
+    for custom in ({"rhyme_prompt_id": 7}, {"rhyme_prompt_id": ""}, {"rhyme_sample": -2},
+                   {"rhyme_sample": "0"}):
+        with pytest.raises(ValueError, match="rhyme_"):
+            engine.generate(input_ids=PROMPTS[0], sampling_params={**GREEDY, "custom_params": custom})
     assert engine.rhyme_stats()["num_responses"] == before
     assert len(engine.generate(input_ids=PROMPTS[0], sampling_params=GREEDY)["output_ids"]) == 48
 

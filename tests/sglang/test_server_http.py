@@ -40,6 +40,10 @@ BAD = {
     "negative_token_id": ({"input_ids": [[1, -5]], "sampling_params": {"max_new_tokens": 2}}, None),
     "input_ids_wrong_type": ({"input_ids": "abc"}, None),
     "top_p_out_of_range": ({"text": "hi", "sampling_params": {"top_p": 1.5}}, None),
+    "int_rhyme_prompt_id": ({"input_ids": [1, 2], "sampling_params": {
+        "max_new_tokens": 2, "custom_params": {"rhyme_prompt_id": 5}}}, None),
+    "negative_rhyme_sample": ({"input_ids": [1, 2], "sampling_params": {
+        "max_new_tokens": 2, "custom_params": {"rhyme_prompt_id": "p", "rhyme_sample": -1}}}, None),
 }
 
 
