@@ -513,19 +513,27 @@ class SuffixTrie {
   }
 
   // Turn the first implicit node of `node`'s tail into an explicit child; the rest of the tail
-  // moves to that child. Returns the child.
+  // moves to that child (the block keeps its one reference). Returns the child.
   int32_t materialize(int32_t node) {
-    const int32_t b = nodes_[node].tail_block, pos = nodes_[node].tail_pos;
-    const int32_t len = nodes_[node].tail_len, cnt = nodes_[node].tail_count;
-    const int64_t w = nodes_[node].tail_weight;
-    const int32_t tok = blocks_[b][pos];
-    ++block_refs_[b];  // keep the block alive across the move
-    drop_tail(node);
-    const int32_t child = create(node, tok);
-    nodes_[child].count = cnt;
-    nodes_[child].weight = w;
-    if (len > 1) attach_tail(child, b, pos + 1, len - 1, cnt, w);
-    release_block(b);
+    const int32_t tok = blocks_[nodes_[node].tail_block][nodes_[node].tail_pos];
+    const int32_t child = create(node, tok);  // may grow nodes_: take references only after
+    Node& nd = nodes_[node];
+    Node& ch = nodes_[child];
+    ch.count = nd.tail_count;
+    ch.weight = nd.tail_weight;
+    if (nd.tail_len == 1) {
+      drop_tail(node);
+      return child;
+    }
+    ch.tail_block = nd.tail_block;
+    ch.tail_pos = nd.tail_pos + 1;
+    ch.tail_len = nd.tail_len - 1;
+    ch.tail_count = nd.tail_count;
+    ch.tail_weight = nd.tail_weight;
+    --implicit_;  // one implicit node became the explicit child
+    nd.tail_block = NIL;
+    nd.tail_pos = nd.tail_len = nd.tail_count = 0;
+    nd.tail_weight = 0;
     return child;
   }
 
