@@ -58,6 +58,36 @@ def test_reward_weighting_changes_the_preferred_branch():
     assert s.probs[0] < 1.0
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(max_examples=60, deadline=None)
+@given(group=st.lists(st.tuples(st.booleans(), st.sampled_from([0.0, 0.1, 0.5, 1.0, 1.1])),
+                      min_size=2, max_size=8),
+       reward_weight=st.sampled_from([0.0, 0.5, 2.0]))
+def test_preferred_branch_follows_the_reward_weights(backend, group, reward_weight):
+    """Any group of responses splitting into branch 7 or 8 after a shared prefix: the single-branch
+    draft takes the branch with the larger sum of exp(reward_weight * clipped group advantage)
+    (ties: the smaller token), and a two-branch draft keeps every branch present."""
+    from rhyme_sglang.core import weights as W
+
+    s = store(backend, reward_weight=reward_weight, use_global=False, use_live=False)
+    for sample, (is_seven, reward) in enumerate(group):
+        s.add_response("p", PROMPT, [1, 2, 7 if is_seven else 8, 9], 0, reward, sample)
+    s.advance_epoch()
+    adv = W.group_advantages({i: r for i, (_, r) in enumerate(group)})
+    total = {7: 0, 8: 0}
+    for i, (is_seven, _) in enumerate(group):
+        factor = W.reward_factor(adv[i], reward_weight, s.config.advantage_clip)
+        total[7 if is_seven else 8] += W.response_weight(factor, 0, 0, s.config.epoch_decay)
+    expected = 7 if total[7] >= total[8] else 8
+    s.start_request("q", PROMPT, "p")
+    s.add_tokens("q", [1, 2])
+    assert s.speculate("q", 1, max_branch=1).token_ids == [expected]
+    wide = s.speculate("q", 4, max_branch=2)  # room for both two-token branches
+    present = {t for t in (7, 8) if total[t] > 0}
+    roots = {t for t, parent in zip(wide.token_ids, wide.parents) if parent == -1}
+    assert roots == present and all(p > 0 for p in wide.probs)
+
+
 def test_recency_prefers_newer_epochs_and_latest_only_forgets():
     s = store(epoch_decay=0.5, use_global=False, use_live=False, reward_weight=0.0)
     for sample in range(3):
