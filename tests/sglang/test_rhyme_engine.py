@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 
 import pytest
 
@@ -178,29 +179,37 @@ def test_longest_predicted_prompt_admitted_first_and_policy_switches(tiny):
     predicted = engine.rhyme_predict_lengths([long_prompt, short_prompt])
     assert predicted[0] > predicted[1]
 
-    def admission_order():
-        order = []
+    def admission_order(blocker_prompt):
+        """Both requests must be in the scheduler's waiting queue together. (Pausing does not
+        give that: sglang holds requests in the tokenizer manager while paused and releases them
+        one by one, so the first may be admitted before the second arrives.) A blocker request
+        with a fresh prompt occupies the only running slot while they queue."""
+        order, times = [], {}
 
-        async def run(prompt, n, tag):
-            await engine.async_generate(input_ids=prompt, sampling_params={"temperature": 0, "max_new_tokens": n, "ignore_eos": True})
+        async def run(prompt, n, tag, temperature=0.0):
+            times[tag + " sent"] = time.monotonic()
+            await engine.async_generate(input_ids=prompt, sampling_params={"temperature": temperature, "max_new_tokens": n, "ignore_eos": True})
+            times[tag + " done"] = time.monotonic()
             order.append(tag)
 
         async def scenario():
-            await engine.async_pause_generation(mode="in_place")
-            tasks = [asyncio.ensure_future(run(short_prompt, 4, "short"))]
-            await asyncio.sleep(0.5)
+            # sampled, so history drafts rarely hit and it decodes about one token per step
+            tasks = [asyncio.ensure_future(run(blocker_prompt, 600, "blocker", 1.0))]
+            await asyncio.sleep(0.15)
+            tasks.append(asyncio.ensure_future(run(short_prompt, 4, "short")))
+            await asyncio.sleep(0.15)
             tasks.append(asyncio.ensure_future(run(long_prompt, 40, "long")))
-            await asyncio.sleep(0.5)
-            await engine.async_continue_generation()
             await asyncio.gather(*tasks)
 
         engine.loop.run_until_complete(scenario())
-        return order
+        # the precondition, checked rather than assumed: both were queued behind the blocker
+        assert times["blocker done"] > times["long sent"] + 0.1, (order, times)
+        return order[1:]
 
     assert engine.rhyme_schedule_policy() == "lpt"
-    assert admission_order() == ["long", "short"]
+    assert admission_order([60, 61, 62]) == ["long", "short"]
     assert engine.rhyme_schedule_policy("fcfs") == "fcfs"
-    assert admission_order() == ["short", "long"]
+    assert admission_order([70, 71, 72]) == ["short", "long"]
     with pytest.raises(ControlError, match="schedule_policy"):
         engine.rhyme_schedule_policy("shortest-first")
     assert engine.rhyme_schedule_policy() == "fcfs"
