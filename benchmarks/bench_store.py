@@ -4,6 +4,12 @@ Synthetic rollouts: each prompt has a base response (Zipf-distributed tokens); i
 the base with edits (a run of 1-5 tokens replaced at a per-token rate), like sibling samples
 that mostly agree. Seeded; a warm-up pass runs first; one summary line per backend plus JSON.
 
+In-flight part (native): `--inflight` responses grow in their prompt's live trie a few tokens
+per step (`--step`, about one verify step's accepted tokens), round robin, as the scheduler
+feeds them; growing each as a stream (the default since stop 8) against growing it by plain
+extension (before), side by side: the same logical trie, its records, bytes per in-flight
+token and growth throughput.
+
     python -m benchmarks.bench_store [--responses 10000] [--length 500] [--json OUT]
 """
 
@@ -15,12 +21,13 @@ import logging
 import resource
 import statistics
 import time
+from array import array
 from typing import List, Optional, Sequence
 
 import numpy as np
 
 from rhyme_sglang.core import DraftStore, StoreConfig
-from rhyme_sglang.core.native import native_available
+from rhyme_sglang.core.native import make_trie, native_available
 
 logger = logging.getLogger("benchmarks.bench_store")
 
@@ -81,6 +88,27 @@ def bench_backend(backend: str, rollouts, num_queries: int, seed: int) -> dict:
             "estimate_memory_mb": store.estimate_memory() / 2 ** 20}
 
 
+def bench_inflight(rollouts, step: int, streams: bool, depth: int) -> dict:
+    """Grow every response of `rollouts` in its prompt's live trie, `step` tokens at a time."""
+    tries = {pid: make_trie(depth, "native") for pid, _, _ in rollouts}
+    seqs = [array("i") for _ in rollouts]
+    length = max(len(r) for _, _, r in rollouts)
+    t0 = time.perf_counter()
+    for lo in range(0, length, step):
+        for k, (pid, _, resp) in enumerate(rollouts):
+            if lo < len(resp):
+                seqs[k].extend(resp[lo:lo + step])
+                tries[pid].update(seqs[k], lo, 1, 256, k if streams else -1)
+    grow_s = time.perf_counter() - t0
+    tokens = sum(len(s) for s in seqs)
+    mem = sum(t.estimate_memory() for t in tries.values())
+    return {"streams": streams, "requests": len(rollouts), "tokens": tokens, "step": step,
+            "grow_tokens_per_s": tokens / grow_s,
+            "trie_nodes": sum(t.num_nodes for t in tries.values()),
+            "trie_records": sum(t.num_explicit for t in tries.values()),
+            "bytes_per_token": mem / tokens, "estimate_memory_mb": mem / 2 ** 20}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--responses", type=int, default=10000)
@@ -91,6 +119,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     help="the pure-Python twin is measured on this many responses only")
     ap.add_argument("--queries", type=int, default=400)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--inflight", type=int, default=512, help="in-flight responses (0 = skip)")
+    ap.add_argument("--inflight-length", type=int, default=2000)
+    ap.add_argument("--step", type=int, default=4, help="tokens added per request per step")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -111,7 +142,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if len(results) == 2:
         print(f"native/python: insert x{results[0]['insert_tokens_per_s'] / results[1]['insert_tokens_per_s']:.1f}, "
               f"speculate x{results[1]['speculate_us_p50'] / results[0]['speculate_us_p50']:.1f} faster")
-    out = {"config": vars(args), "results": results,
+    inflight = []
+    if args.inflight and native_available():
+        grown = make_rollouts(args.inflight, args.inflight_length, args.group, args.edit_rate,
+                              args.seed + 2)
+        depth = StoreConfig().max_depth
+        inflight = [bench_inflight(grown, args.step, False, depth),
+                    bench_inflight(grown, args.step, True, depth)]
+        if inflight[0]["trie_nodes"] != inflight[1]["trie_nodes"]:
+            raise RuntimeError("streamed and plain growth gave different tries")
+        for r in inflight:
+            print(f"in-flight {'stream' if r['streams'] else 'plain ':>6}: {r['requests']} responses x "
+                  f"{args.inflight_length} tokens, +{r['step']} per step: grow "
+                  f"{r['grow_tokens_per_s'] / 1e6:.2f} M tok/s, {r['trie_records'] / 1e6:.2f} M records, "
+                  f"{r['bytes_per_token']:.0f} B per in-flight token (~{r['estimate_memory_mb']:.0f} MiB)")
+        print(f"stream/plain: memory x{inflight[0]['bytes_per_token'] / inflight[1]['bytes_per_token']:.1f} "
+              f"smaller, growth x{inflight[1]['grow_tokens_per_s'] / inflight[0]['grow_tokens_per_s']:.1f} faster")
+    out = {"config": vars(args), "results": results, "inflight": inflight,
            "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     if args.json:
         with open(args.json, "w") as fh:

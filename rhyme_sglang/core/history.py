@@ -64,6 +64,7 @@ class ActiveRequest:
     window: SpecWindow
     reward: Optional[float] = None
     last_draft: Optional[object] = None
+    stream: int = -1  # the live trie's growing-sequence id for `seq` (see SuffixTrie.update)
 
 
 @dataclass

@@ -50,12 +50,15 @@ class PySuffixTrie:
         self._root = _Node()
         self._num_nodes = 0
 
-    def update(self, seq: Sequence[int], lo: int, dcount: int, dweight: int) -> None:
+    def update(self, seq: Sequence[int], lo: int, dcount: int, dweight: int,
+               stream: int = -1) -> None:
         """Add (dcount, dweight) to every substring seq[i:j] with j > lo and j - i <= max_depth.
 
         `lo=0, dcount=1` inserts a sequence; `lo=old_len` extends one already inserted up to
         `old_len`; `dcount=-1` with the same weight removes it; `dcount=0` re-weights it.
-        Nodes whose count drops to zero are deleted with their subtrees.
+        Nodes whose count drops to zero are deleted with their subtrees. `stream` names a growing
+        sequence for the native trie's storage (see its `update`); it never changes the content,
+        and this uncompressed twin ignores it.
         """
         n, depth = len(seq), self.max_depth
         for i in range(max(0, lo - depth + 1), n):
@@ -79,6 +82,13 @@ class PySuffixTrie:
                         self._num_nodes -= self._subtree_size(child)
                         break
                 node = child
+
+    def close_stream(self, stream: int) -> None:
+        """No-op here (see `update`): the native trie's growing-sequence storage ends."""
+
+    @property
+    def num_streams(self) -> int:
+        return 0
 
     @staticmethod
     def _subtree_size(node: _Node) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 from array import array
 from collections import OrderedDict
@@ -51,6 +52,7 @@ class DraftStore(HistoryUpkeep):
         self._num_records = 0
         self._pending_global: List[ResponseRecord] = []
         self._trie_bytes = self._global.estimate_memory()
+        self._streams = itertools.count()  # live-trie stream ids of requests
 
     # ----------------------------------------------------------------- lifecycle
     def start_request(self, request_id: str, prompt_token_ids: Sequence[int],
@@ -66,14 +68,16 @@ class DraftStore(HistoryUpkeep):
         key = prompt_key(prompt, prompt_id)
         ph = self._touch(key, prompt)
         req = ActiveRequest(request_id, key, sample, self.epoch, len(ph.prompt_tail),
-                            array("i", ph.prompt_tail), SpecWindow(self.config.window))
+                            array("i", ph.prompt_tail), SpecWindow(self.config.window),
+                            stream=next(self._streams))
         if self.config.use_live:
             if ph.live is None:
                 ph.live = self._new_trie()
                 ph.live_prompt = prompt[-self.config.live_prompt_tokens:] \
                     if self.config.live_prompt_tokens else array("i")
                 ph.live.update(ph.live_prompt, 0, 1, W.WEIGHT_SCALE)
-            ph.live.update(req.seq, 0, 1, W.WEIGHT_SCALE)
+            # the request's sequence grows as a stream: the native trie keeps it path-compressed
+            ph.live.update(req.seq, 0, 1, W.WEIGHT_SCALE, req.stream)
         ph.num_active += 1
         self._requests[request_id] = req
         return key
@@ -88,7 +92,7 @@ class DraftStore(HistoryUpkeep):
         req.seq.extend(new)
         ph = self._prompts[req.key]
         if ph.live is not None:
-            ph.live.update(req.seq, old, 1, W.WEIGHT_SCALE)
+            ph.live.update(req.seq, old, 1, W.WEIGHT_SCALE, req.stream)
 
     def finish_request(self, request_id: str, reward: Optional[float] = None, *,
                        add_to_history: bool = True) -> Optional[ResponseRecord]:
@@ -100,6 +104,7 @@ class DraftStore(HistoryUpkeep):
         ph = self._prompts[req.key]
         if ph.live is not None:
             ph.live.update(req.seq, 0, -1, -W.WEIGHT_SCALE)
+            ph.live.close_stream(req.stream)
         ph.num_active -= 1
         if ph.num_active == 0:
             ph.live, ph.live_prompt = None, None
@@ -304,6 +309,9 @@ class DraftStore(HistoryUpkeep):
             return False
         if any(ph.num_active != sum(1 for q in self._requests.values() if q.key == k)
                for k, ph in self._prompts.items()):
+            return False
+        if self.backend == "native" and any(  # one growing stream per active request, no leaks
+                ph.live.num_streams != ph.num_active for ph in self._prompts.values() if ph.live):
             return False
         ids = {id(x) for x in recs}
         if any(not r.alive for r in recs) or any(r.in_global and not self.config.use_global for r in recs):

@@ -61,7 +61,8 @@ def test_store_parity(seqs, ctx):
 
 
 small_tokens = st.lists(st.integers(0, 3), max_size=9)
-lifecycle = st.lists(st.tuples(st.sampled_from(["insert", "extend", "reweight", "remove"]),
+lifecycle = st.lists(st.tuples(st.sampled_from(["insert", "extend", "extend", "reweight", "remove",
+                                                "close"]),
                                small_tokens, st.integers(1, 40), st.integers(0, 10 ** 6)),
                      max_size=40)
 
@@ -69,33 +70,39 @@ lifecycle = st.lists(st.tuples(st.sampled_from(["insert", "extend", "reweight", 
 @settings(max_examples=150, deadline=None)
 @given(ops=lifecycle, depth=st.integers(2, 10), ctx=contexts)
 def test_path_compressed_trie_matches_the_reference_through_a_lifecycle(ops, depth, ctx):
-    """Inserts, incremental extensions, re-weights and removals in any order (small alphabet:
-    many shared and duplicate continuations, so tails are split, shared and dropped): the native
-    trie's logical nodes, lookups and drafts always equal the uncompressed Python twin's, its
-    integrity holds, and removing everything frees every record and token block."""
+    """Inserts, incremental extensions (most of them as growing streams), re-weights, removals
+    and stream closes in any order (small alphabet: many shared and duplicate continuations, so
+    tails are split, shared, lengthened and dropped): the native trie's logical nodes, lookups and
+    drafts always equal the uncompressed Python twin's, its integrity holds, and removing
+    everything frees every record and token block."""
     nat = native_module()
     ref, trie, stored = PySuffixTrie(depth), nat.SuffixTrie(depth), []
-    for op, seq, w, pick in ops:
+    for n_op, (op, seq, w, pick) in enumerate(ops):
         if op == "insert" or not stored:
+            stream = n_op if pick % 3 else -1
             ref.update(seq, 0, 1, w)
-            trie.update(seq, 0, 1, w)
-            stored.append((seq, w))
+            trie.update(seq, 0, 1, w, stream)
+            stored.append((seq, w, stream))
             continue
         k = pick % len(stored)
-        old, ow = stored[k]
+        old, ow, stream = stored[k]
         if op == "extend":
             new = old + (seq or [0])
             ref.update(new, len(old), 1, ow)
-            trie.update(new, len(old), 1, ow)
-            stored[k] = (new, ow)
+            trie.update(new, len(old), 1, ow, stream)
+            stored[k] = (new, ow, stream)
         elif op == "reweight":
             dw = w if pick % 2 or ow <= w else -w
             ref.update(old, 0, 0, dw)
             trie.update(old, 0, 0, dw)
-            stored[k] = (old, ow + dw)
+            stored[k] = (old, ow + dw, stream)
+        elif op == "close":
+            trie.close_stream(stream)
+            stored[k] = (old, ow, -1)
         else:
             ref.update(old, 0, -1, -ow)
             trie.update(old, 0, -1, -ow)
+            trie.close_stream(stream)
             stored.pop(k)
         assert trie.check_integrity()
         assert trie.num_nodes == ref.num_nodes
@@ -105,10 +112,39 @@ def test_path_compressed_trie_matches_the_reference_through_a_lifecycle(ops, dep
         args = (ctx, 4, 8, 0.0, 3, 1.0, 0.7)
         assert tuple(trie.draft(*args)) == tuple(ref.draft(*args))
     base = nat.SuffixTrie(depth).estimate_memory()
-    for seq, w in stored:
+    for seq, w, stream in stored:
         trie.update(seq, 0, -1, -w)
+        trie.close_stream(stream)
+    assert trie.num_streams == 0
     assert trie.num_nodes == 0 and trie.num_explicit == 0 and trie.check_integrity()
     assert trie.estimate_memory() - base < 32 * (len(ops) + 1)  # only the emptied block slots
+
+
+@pytest.mark.parametrize("step", [1, 3, 16])
+def test_growing_stream_is_as_compact_as_a_whole_insert(step):
+    """A response fed a few tokens at a time as a stream (an in-flight request in a live trie)
+    keeps its unary chains as tails: the same records as inserting it whole, the same content as
+    the reference; without the stream every step turns the chains into explicit nodes."""
+    nat = native_module()
+    seq = list(range(100, 400))
+    whole, streamed, plain, ref = (nat.SuffixTrie(24), nat.SuffixTrie(24), nat.SuffixTrie(24),
+                                   PySuffixTrie(24))
+    whole.update(seq, 0, 1, 5)
+    ref.update(seq, 0, 1, 5)
+    for lo in range(0, len(seq), step):
+        part = seq[:lo + step]
+        streamed.update(part, lo, 1, 5, 7)
+        plain.update(part, lo, 1, 5)
+    assert streamed.num_nodes == plain.num_nodes == whole.num_nodes == ref.num_nodes
+    assert streamed.num_explicit == whole.num_explicit == len(seq)
+    assert plain.num_explicit > 10 * len(seq)
+    assert streamed.estimate_memory() < 1.2 * whole.estimate_memory()
+    for probe in ([100], seq[:5], seq[50:70], seq[-3:]):
+        assert streamed.lookup(probe) == ref.lookup(probe)
+        assert tuple(streamed.draft(probe, 8, 8, 0.0, 2, 1.0, 0.7)) == tuple(ref.draft(probe, 8, 8, 0.0, 2, 1.0, 0.7))
+    streamed.update(seq, 0, -1, -5)
+    streamed.close_stream(7)
+    assert streamed.num_nodes == 0 and streamed.num_streams == 0 and streamed.check_integrity()
 
 
 def test_tails_compress_unary_chains():

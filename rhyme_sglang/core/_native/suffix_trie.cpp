@@ -11,6 +11,7 @@
 #include <queue>
 #include <stdexcept>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 namespace py = pybind11;
@@ -104,14 +105,25 @@ class SuffixTrie {
     block_refs_.clear();
     free_blocks_.clear();
     block_tokens_ = 0;
+    streams_.clear();
   }
 
   // Add (dcount, dweight) to every substring seq[i:j+1] with j >= lo and j - i < max_depth (see
-  // the Python twin). New count-1 continuations become tails over a block holding seq[lo:].
-  void update(const py::handle& seq_obj, int64_t lo, int64_t dcount, int64_t dweight) {
+  // the Python twin). New continuations become tails over a block holding seq[lo:].
+  //
+  // `stream` >= 0 names a sequence that grows by repeated calls (an in-flight response: each call
+  // passes the whole sequence so far and lo = its previous length, with the same dcount and
+  // dweight). Its tokens then go to one growing block, and a tail that ends at the stream's end
+  // and carries exactly this stream's occurrence is lengthened in place instead of being turned
+  // into explicit nodes, so a growing sequence is as compact as one inserted whole. Close the
+  // stream (`close_stream`) when the sequence stops growing; the logical content is the same with
+  // or without a stream.
+  void update(const py::handle& seq_obj, int64_t lo, int64_t dcount, int64_t dweight,
+              int64_t stream) {
     Tokens seq(seq_obj);
     const int64_t n = static_cast<int64_t>(seq.size);
-    int32_t block = NIL;  // this call's block (seq[lo:]), made on first use
+    int32_t block = NIL;  // the block tails of this call point into, holding seq[base:]
+    int64_t base = lo;
     // The call holds its own reference to `block`, so that a tail moved or dropped by a later
     // suffix of the same call cannot free it while other suffixes still attach to it.
     struct Hold {
@@ -121,6 +133,13 @@ class SuffixTrie {
         if (*block != NIL) trie->release_block(*block);
       }
     } hold{this, &block};
+    const Stream* st = nullptr;
+    if (stream >= 0 && dcount > 0 && lo <= n) {
+      st = open_stream(stream, seq, lo, dcount, dweight);
+      block = st->block;
+      base = st->base;
+      ++block_refs_[block];
+    }
     for (int64_t i = std::max<int64_t>(0, lo - depth_ + 1); i < n; ++i) {
       Pos p{0, 0};
       const int64_t end = std::min<int64_t>(n, i + depth_);
@@ -130,7 +149,19 @@ class SuffixTrie {
           if (!step(p, tok)) throw missing(tok, j);
           continue;
         }
-        if (p.off > 0) p = explicitize(p);
+        if (p.off > 0) {
+          Node& x = nodes_[p.node];
+          if (st != nullptr && j == lo && p.off == x.tail_len && x.tail_block == block &&
+              base + x.tail_pos + x.tail_len == lo && x.tail_count == dcount &&
+              x.tail_weight == dweight) {
+            // this stream's own occurrence, ending where the stream ended: lengthen the tail
+            const int32_t add = static_cast<int32_t>(end - lo);
+            x.tail_len += add;
+            implicit_ += add;
+            break;
+          }
+          p = explicitize(p);
+        }
         Node& nd = nodes_[p.node];
         if (dcount > 0) {
           int32_t child;
@@ -147,6 +178,15 @@ class SuffixTrie {
               child = create(p.node, tok);
               fresh = true;
             }
+          } else if (nd.first_child == NIL && p.node != 0) {
+            // a leaf: everything from here on is new and continues only this occurrence
+            if (block == NIL) {
+              block = new_block(seq.data + lo, n - lo);
+              ++block_refs_[block];
+            }
+            attach_tail(p.node, block, static_cast<int32_t>(j - base), static_cast<int32_t>(end - j),
+                        static_cast<int32_t>(dcount), dweight);
+            break;
           } else {
             child = find(p.node, tok);
             if (child == NIL) {
@@ -162,7 +202,7 @@ class SuffixTrie {
               block = new_block(seq.data + lo, n - lo);
               ++block_refs_[block];
             }
-            attach_tail(child, block, static_cast<int32_t>(j + 1 - lo),
+            attach_tail(child, block, static_cast<int32_t>(j + 1 - base),
                         static_cast<int32_t>(end - j - 1), static_cast<int32_t>(dcount), dweight);
             break;
           }
@@ -200,6 +240,17 @@ class SuffixTrie {
       }
     }
   }
+
+  // Stop treating `stream` as growing (its sequence stays stored); unknown ids are ignored.
+  void close_stream(int64_t stream) {
+    auto it = streams_.find(stream);
+    if (it == streams_.end()) return;
+    const int32_t b = it->second.block;
+    streams_.erase(it);
+    release_block(b);
+  }
+
+  int64_t num_streams() const { return static_cast<int64_t>(streams_.size()); }
 
   std::pair<int64_t, int64_t> lookup(const py::handle& path_obj) const {
     Tokens path(path_obj);
@@ -332,6 +383,13 @@ class SuffixTrie {
       }
       if (node != 0 && (csum > nd.count || wsum > nd.weight)) return false;
     }
+    for (const auto& kv : streams_) {
+      const Stream& st = kv.second;
+      if (st.block < 0 || st.block >= static_cast<int32_t>(blocks_.size()) ||
+          static_cast<int64_t>(blocks_[st.block].size()) != st.end - st.base)
+        return false;
+      ++refs[st.block];
+    }
     for (size_t b = 0; b < blocks_.size(); ++b)
       if (refs[b] != block_refs_[b]) return false;
     return live == explicit_ && implicit == implicit_ && static_cast<int64_t>(used_) == explicit_;
@@ -350,6 +408,35 @@ class SuffixTrie {
       return a.prob < b.prob || (a.prob == b.prob && a.seq > b.seq);
     }
   };
+
+  struct Stream {
+    int32_t block;   // holds seq[base:end] of the stream's sequence; the stream owns one reference
+    int64_t base, end;
+    int64_t dcount, dweight;
+  };
+
+  // The stream's record, its block extended by seq[lo:]. A stream that does not continue where it
+  // ended (another lo, dcount or weight, or another sequence) restarts with a new block.
+  const Stream* open_stream(int64_t id, const Tokens& seq, int64_t lo, int64_t dcount,
+                            int64_t dweight) {
+    const int64_t n = static_cast<int64_t>(seq.size);
+    auto it = streams_.find(id);
+    if (it != streams_.end()) {
+      Stream& s = it->second;
+      std::vector<int32_t>& b = blocks_[s.block];
+      if (s.end == lo && s.dcount == dcount && s.dweight == dweight &&
+          (b.empty() || (lo > 0 && b.back() == seq.data[lo - 1]))) {
+        b.insert(b.end(), seq.data + lo, seq.data + n);
+        block_tokens_ += n - lo;
+        s.end = n;
+        return &s;
+      }
+      close_stream(id);
+    }
+    const int32_t block = new_block(seq.data + lo, n - lo);
+    ++block_refs_[block];
+    return &(streams_[id] = Stream{block, lo, n, dcount, dweight});
+  }
 
   static std::invalid_argument missing(int32_t tok, int64_t j) {
     return std::invalid_argument("sequence is not stored: missing token " + std::to_string(tok) +
@@ -592,6 +679,7 @@ class SuffixTrie {
   std::vector<int64_t> block_refs_;
   std::vector<int32_t> free_blocks_;
   int64_t block_tokens_ = 0;
+  std::unordered_map<int64_t, Stream> streams_;
 };
 
 // Twin of combine.mix_draft_py: each trie drafts 2*budget nodes (min_prob 0); path probabilities
@@ -699,7 +787,9 @@ PYBIND11_MODULE(_rhyme_native, m) {
       .def_property_readonly("num_explicit", &SuffixTrie::num_explicit)
       .def("clear", &SuffixTrie::clear)
       .def("update", &SuffixTrie::update, py::arg("seq"), py::arg("lo"), py::arg("dcount"),
-           py::arg("dweight"))
+           py::arg("dweight"), py::arg("stream") = -1)
+      .def("close_stream", &SuffixTrie::close_stream, py::arg("stream"))
+      .def_property_readonly("num_streams", &SuffixTrie::num_streams)
       .def("lookup", &SuffixTrie::lookup, py::arg("path"))
       .def("draft", &SuffixTrie::draft, py::arg("context"), py::arg("max_pattern"),
            py::arg("budget"), py::arg("min_prob"), py::arg("max_branch"), py::arg("prior") = 0.0,
