@@ -29,9 +29,6 @@ def _ordered_groups(prompts, group: int, seed: int, shuffle: bool):
     return [(p, s) for p in order for s in range(group)]
 
 
-
-
-
 def _spearman(xs, ys) -> float:
     def ranks(v):
         order = sorted(range(len(v)), key=lambda i: v[i])

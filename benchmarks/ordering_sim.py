@@ -58,8 +58,9 @@ def step_curve(cost_model: dict) -> Callable[[int], float]:
     if not points:
         raise ValueError("the cost model has no plain-decode measurements")
 
+    per_step = [(b, b * s) for b, s in points]  # seconds per whole step at each bucket
+
     def seconds(batch: int) -> float:
-        per_step = [(b, b * s) for b, s in points]
         if batch <= per_step[0][0]:
             return per_step[0][1]
         for (b0, s0), (b1, s1) in zip(per_step, per_step[1:]):

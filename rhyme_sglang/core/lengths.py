@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
-_VERSIONS = itertools.count(1)
+_UNKNOWN = object()  # memo key of the prediction for prompts without statistics
 
 
 @dataclass(frozen=True)
@@ -25,9 +24,8 @@ class LengthStats:
 
     Prediction for a known prompt: mean of its latest epoch plus half the epoch-over-epoch trend
     (damped, lengths drift slowly under RL), floored at 1. Unknown prompts get the mean of all
-    prompts' latest-epoch means, or `default` when nothing is known. `version` changes whenever
-    the statistics do (unique across instances, so a store that loads a snapshot gets a new one),
-    so callers (the scheduler's ordering hook) can cache predictions.
+    prompts' latest-epoch means, or `default` when nothing is known. Predictions are memoised
+    until the statistics change: the scheduler's ordering hook asks on every scheduling pass.
     """
 
     def __init__(self, default: float = 512.0) -> None:
@@ -35,18 +33,17 @@ class LengthStats:
             raise ValueError(f"default length must be >= 0, got {default}")
         self.default = default
         self._lengths: Dict[str, Dict[int, Dict[int, int]]] = {}
-        self.version = next(_VERSIONS)
-        self._fallback: Optional[Tuple[int, float]] = None  # (version, prediction for unknowns)
+        self._memo: dict = {}  # key (or _UNKNOWN) -> prediction; cleared by every change
 
     def record(self, key: str, epoch: int, sample: int, length: int) -> None:
         if length < 0:
             raise ValueError(f"length must be >= 0, got {length}")
         self._lengths.setdefault(key, {}).setdefault(epoch, {})[sample] = length
-        self.version = next(_VERSIONS)
+        self._memo.clear()
 
     def forget(self, key: str) -> None:
         if self._lengths.pop(key, None) is not None:
-            self.version = next(_VERSIONS)
+            self._memo.clear()
 
     def keys(self) -> List[str]:
         return list(self._lengths)
@@ -65,13 +62,18 @@ class LengthStats:
         return LengthSummary(order[-1], dict(last), mean, max(last.values()), trend)
 
     def predict(self, key: Optional[str]) -> float:
-        s = self.summary(key) if key is not None else None
-        if s is not None:
-            return max(1.0, s.mean + 0.5 * s.trend)
-        if self._fallback is None or self._fallback[0] != self.version:
-            means = [self.summary(k).mean for k in self._lengths]
-            self._fallback = (self.version, sum(means) / len(means) if means else self.default)
-        return self._fallback[1]
+        out = self._memo.get(key)
+        if out is None:
+            s = self.summary(key) if key is not None else None
+            if s is not None:
+                out = max(1.0, s.mean + 0.5 * s.trend)
+            else:
+                out = self._memo.get(_UNKNOWN)
+                if out is None:
+                    means = [self.summary(k).mean for k in self._lengths]
+                    out = self._memo[_UNKNOWN] = sum(means) / len(means) if means else self.default
+            self._memo[key] = out
+        return out
 
     def to_state(self) -> dict:
         return {k: {str(e): {str(s): n for s, n in v.items()} for e, v in eps.items()}
@@ -80,7 +82,7 @@ class LengthStats:
     def load_state(self, state: dict) -> None:
         self._lengths = {k: {int(e): {int(s): int(n) for s, n in v.items()} for e, v in eps.items()}
                          for k, eps in state.items()}
-        self.version = next(_VERSIONS)
+        self._memo.clear()
 
     def estimate_memory(self) -> int:
         return sum(100 + 80 * sum(len(v) for v in eps.values()) for eps in self._lengths.values())

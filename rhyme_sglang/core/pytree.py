@@ -41,6 +41,7 @@ class PySuffixTrie:
         self.max_depth = max_depth
         self._root = _Node()
         self._num_nodes = 0
+        self._streams: set = set()
 
     @property
     def num_nodes(self) -> int:
@@ -49,6 +50,7 @@ class PySuffixTrie:
     def clear(self) -> None:
         self._root = _Node()
         self._num_nodes = 0
+        self._streams.clear()
 
     def update(self, seq: Sequence[int], lo: int, dcount: int, dweight: int,
                stream: int = -1) -> None:
@@ -56,10 +58,13 @@ class PySuffixTrie:
 
         `lo=0, dcount=1` inserts a sequence; `lo=old_len` extends one already inserted up to
         `old_len`; `dcount=-1` with the same weight removes it; `dcount=0` re-weights it.
-        Nodes whose count drops to zero are deleted with their subtrees. `stream` names a growing
-        sequence for the native trie's storage (see its `update`); it never changes the content,
-        and this uncompressed twin ignores it.
+        Nodes whose count drops to zero are deleted with their subtrees. `stream` (>= 0, with
+        dcount > 0) names a growing sequence, open until `close_stream`: the native trie stores it
+        compactly (see its `update`); it never changes the content, so this uncompressed twin only
+        keeps the set of open streams.
         """
+        if stream >= 0 and dcount > 0 and lo <= len(seq):
+            self._streams.add(stream)
         n, depth = len(seq), self.max_depth
         for i in range(max(0, lo - depth + 1), n):
             node = self._root
@@ -84,11 +89,12 @@ class PySuffixTrie:
                 node = child
 
     def close_stream(self, stream: int) -> None:
-        """No-op here (see `update`): the native trie's growing-sequence storage ends."""
+        """The sequence `stream` stops growing (it stays stored); unknown ids are ignored."""
+        self._streams.discard(stream)
 
     @property
     def num_streams(self) -> int:
-        return 0
+        return len(self._streams)
 
     @staticmethod
     def _subtree_size(node: _Node) -> int:

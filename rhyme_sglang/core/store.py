@@ -310,8 +310,8 @@ class DraftStore(HistoryUpkeep):
         if any(ph.num_active != sum(1 for q in self._requests.values() if q.key == k)
                for k, ph in self._prompts.items()):
             return False
-        if self.backend == "native" and any(  # one growing stream per active request, no leaks
-                ph.live.num_streams != ph.num_active for ph in self._prompts.values() if ph.live):
+        if any(ph.live.num_streams != ph.num_active  # one growing stream per active request
+               for ph in self._prompts.values() if ph.live):
             return False
         ids = {id(x) for x in recs}
         if any(not r.alive for r in recs) or any(r.in_global and not self.config.use_global for r in recs):

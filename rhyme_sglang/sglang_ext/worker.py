@@ -12,7 +12,6 @@ Thread-safety: the scheduler thread and the control thread both take ``self.lock
 
 from __future__ import annotations
 
-
 import logging
 import threading
 import time
@@ -23,13 +22,13 @@ import numpy as np
 
 from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
-from rhyme_sglang.core import DraftStore, lpt_group_order
-from rhyme_sglang.core.history import prompt_key
+from rhyme_sglang.core import DraftStore, lpt_group_order, prompt_key
 from rhyme_sglang.core.cost_model import SpecCostModel
 from rhyme_sglang.sglang_ext.commands import ControlCommands
 from rhyme_sglang.sglang_ext.config import RhymeConfig
 from rhyme_sglang.sglang_ext.stats import SpecStats
 from rhyme_sglang.sglang_ext.tree_layout import draft_to_tree
+from rhyme_sglang.sglang_ext.validation import check_rhyme_params
 
 logger = logging.getLogger(__name__)
 ACTIVE_WORKERS: list = []  # the RhymeWorker of this scheduler process (hooks find it here)
@@ -47,9 +46,9 @@ def _custom(req, key):
     validated before they reach the scheduler; this keeps a bad value from stopping it)."""
     params = getattr(req.sampling_params, "custom_params", None)
     value = params.get(key) if isinstance(params, dict) else None
-    if key == "rhyme_prompt_id" and not (isinstance(value, str) and value):
-        return None
-    if key == "rhyme_sample" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+    try:
+        check_rhyme_params({"custom_params": {key: value}})
+    except ValueError:
         return None
     return value
 
@@ -65,9 +64,6 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         self._pending_drafts = None  # drafts made while deciding, reused by the verify step
         self._tracked: dict[str, _Tracked] = {}
         self._weights_changed = False
-        self.predicted: dict[str, float] = {}
-        self._pred_cache: dict[str, float] = {}  # prompt key -> predicted length (ordering)
-        self._pred_version = None  # the store's length-statistics version the cache belongs to
         if self.config.snapshot_path:
             import os
 
@@ -265,20 +261,14 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
     # ----------------------------------------------------------------- ordering
     def order_waiting_queue(self, queue) -> None:
         """Longest predicted first, keeping each prompt group together (stable). Runs on every
-        scheduling pass: each request's prompt key is computed once (cached on the request) and
-        predictions are cached until the store's length statistics change."""
+        scheduling pass: each request's prompt key is computed once (cached on the request);
+        the store memoises its predictions until the length statistics change."""
         if self.config.schedule_policy != "lpt" or len(queue) < 2:
             return
         keys = [self._prompt_key_of(req) for req in queue]
         with self.lock:
-            version = self.store.lengths.version
-            if self._pred_version != version:
-                self._pred_cache, self._pred_version = {}, version
-            cache = self._pred_cache
-            for key in set(keys):
-                if key not in cache:
-                    cache[key] = self.store.predict_length(key)
-        queue[:] = [queue[i] for i in lpt_group_order(keys, cache)]
+            predicted = {key: self.store.predict_length(key) for key in set(keys)}
+        queue[:] = [queue[i] for i in lpt_group_order(keys, predicted)]
 
     @staticmethod
     def _prompt_key_of(req) -> str:

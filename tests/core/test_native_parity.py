@@ -80,7 +80,7 @@ def test_path_compressed_trie_matches_the_reference_through_a_lifecycle(ops, dep
     for n_op, (op, seq, w, pick) in enumerate(ops):
         if op == "insert" or not stored:
             stream = n_op if pick % 3 else -1
-            ref.update(seq, 0, 1, w)
+            ref.update(seq, 0, 1, w, stream)
             trie.update(seq, 0, 1, w, stream)
             stored.append((seq, w, stream))
             continue
@@ -88,7 +88,7 @@ def test_path_compressed_trie_matches_the_reference_through_a_lifecycle(ops, dep
         old, ow, stream = stored[k]
         if op == "extend":
             new = old + (seq or [0])
-            ref.update(new, len(old), 1, ow)
+            ref.update(new, len(old), 1, ow, stream)
             trie.update(new, len(old), 1, ow, stream)
             stored[k] = (new, ow, stream)
         elif op == "reweight":
@@ -98,14 +98,16 @@ def test_path_compressed_trie_matches_the_reference_through_a_lifecycle(ops, dep
             stored[k] = (old, ow + dw, stream)
         elif op == "close":
             trie.close_stream(stream)
+            ref.close_stream(stream)
             stored[k] = (old, ow, -1)
         else:
             ref.update(old, 0, -1, -ow)
             trie.update(old, 0, -1, -ow)
             trie.close_stream(stream)
+            ref.close_stream(stream)
             stored.pop(k)
         assert trie.check_integrity()
-        assert trie.num_nodes == ref.num_nodes
+        assert trie.num_nodes == ref.num_nodes and trie.num_streams == ref.num_streams
         assert trie.num_explicit <= trie.num_nodes
         for path in (ctx[-2:], ctx[-1:], [0, 1], [2, 2, 2]):
             assert trie.lookup(path) == ref.lookup(path)
@@ -115,7 +117,8 @@ def test_path_compressed_trie_matches_the_reference_through_a_lifecycle(ops, dep
     for seq, w, stream in stored:
         trie.update(seq, 0, -1, -w)
         trie.close_stream(stream)
-    assert trie.num_streams == 0
+        ref.close_stream(stream)
+    assert trie.num_streams == ref.num_streams == 0
     assert trie.num_nodes == 0 and trie.num_explicit == 0 and trie.check_integrity()
     assert trie.estimate_memory() - base < 32 * (len(ops) + 1)  # only the emptied block slots
 

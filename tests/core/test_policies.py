@@ -44,26 +44,24 @@ def test_length_stats_summary_and_prediction():
         ls.record("a", 0, 0, -1)
 
 
-def test_length_stats_version_tracks_every_change():
-    """Callers cache predictions by `version`: every change must give a new one, and the cached
-    fallback for unknown prompts must follow the data."""
+def test_length_predictions_follow_every_change():
+    """Predictions are memoised (the scheduler asks on every pass): each change must show."""
     ls = LengthStats(default=64.0)
-    seen = {ls.version}
-    assert ls.predict("unknown") == 64.0
+    assert ls.predict("unknown") == 64.0 and ls.predict("a") == 64.0
     ls.record("a", 0, 0, 10)
-    assert ls.version not in seen and ls.predict("unknown") == 10.0
-    seen.add(ls.version)
+    assert ls.predict("unknown") == 10.0 and ls.predict("a") == 10.0
     ls.record("b", 0, 0, 30)
-    assert ls.version not in seen and ls.predict("unknown") == 20.0
-    seen.add(ls.version)
+    assert ls.predict("unknown") == 20.0 and ls.predict("b") == 30.0
+    ls.record("a", 1, 0, 20)  # trend +10: 20 + 5
+    assert ls.predict("a") == 25.0 and ls.predict("unknown") == 25.0
     ls.forget("nothing-here")
-    assert ls.version in seen  # no change, same version
+    assert ls.predict("a") == 25.0
     ls.forget("a")
-    assert ls.version not in seen and ls.predict("unknown") == 30.0
-    seen.add(ls.version)
+    assert ls.predict("a") == 30.0 and ls.predict("unknown") == 30.0
     other = LengthStats()
+    assert other.predict("b") == 512.0
     other.load_state(ls.to_state())
-    assert other.version not in seen and other.predict("b") == 30.0
+    assert other.predict("b") == 30.0
 
 
 def test_lpt_beats_round_robin_on_skewed_loads():
