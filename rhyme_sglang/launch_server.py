@@ -3,7 +3,9 @@
 Accepts every ``sglang.launch_server`` flag. On a CPU-only machine it adds the CPU settings
 the user did not give (device, intel_amx attention, memory, threads); it always binds to
 127.0.0.1 unless ``--host`` is given, resolves the model aliases ``smollm2``/``tiny``, and
-installs the request validation and ``/rhyme/*`` routes before serving.
+installs the request validation and ``/rhyme/*`` routes before serving. Snapshot paths
+(``--rhyme-snapshot-path``, ``/rhyme/save``, ``/rhyme/load``) resolve inside
+``--rhyme-snapshot-dir``; without an admin key, a non-loopback ``--host`` gets a warning.
 """
 
 from __future__ import annotations
@@ -58,6 +60,18 @@ def prepare_argv(argv: list[str], cpu_only: bool) -> list[str]:
     return argv
 
 
+def exposure_warning(host: str, keyless: bool) -> str | None:
+    """The start-up warning for a server reachable beyond loopback without an admin key."""
+    from rhyme_sglang.sglang_ext.http_api import is_loopback
+
+    if not keyless or is_loopback(host):
+        return None
+    return (f"rhyme: serving on --host {host} with no --admin-api-key: the /rhyme/* admin "
+            "routes (save, load, reset, rewards, advance_epoch, history, draft, "
+            "schedule_policy) answer loopback clients only, and SGLang's own weight and cache "
+            "endpoints stay open to every client that reaches this port; set --admin-api-key")
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     from rhyme_sglang.sglang_ext import check_sglang_version
@@ -69,6 +83,12 @@ def main(argv: list[str] | None = None) -> None:
     apply_cpu_defaults({})
     rhyme_config, argv = RhymeConfig.pop_from_argv(argv)
     argv = prepare_argv(argv, cpu_only)
+    snapshot_root = rhyme_config.snapshot_root()
+    if rhyme_config.snapshot_path:
+        from rhyme_sglang.sglang_ext.snapshot_paths import confine
+
+        path = confine(rhyme_config.snapshot_path, snapshot_root)  # ValueError: refuse to start
+        rhyme_config = dataclasses.replace(rhyme_config, snapshot_path=path)
     control_addr = None
     if _flag_value(argv, "--speculative-algorithm", "").upper() == "RHYME":
         control_addr = new_control_addr()
@@ -83,7 +103,11 @@ def main(argv: list[str] | None = None) -> None:
 
     load_plugins()
     server_args = prepare_server_args(argv)
-    http_api.install(control_addr)
+    keyless = not (server_args.admin_api_key or server_args.api_key)
+    warning = exposure_warning(server_args.host, keyless)
+    if warning:
+        logger.warning(warning)
+    http_api.install(control_addr, snapshot_root=snapshot_root, keyless_admin=keyless)
     from sglang.srt.entrypoints.http_server import launch_server
 
     try:

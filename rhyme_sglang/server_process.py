@@ -1,7 +1,8 @@
-"""Run ``python -m rhyme_sglang.launch_server`` as a subprocess, and tiny JSON HTTP helpers.
+"""Run ``python -m rhyme_sglang.launch_server`` (and ``sglang_router``) as subprocesses, and
+tiny JSON HTTP helpers.
 
-Used by the tests and benchmarks; handy for scripts that need a throwaway local server.
-Standard library only.
+Used by the tests and benchmarks; handy for scripts that need a throwaway local server or a
+router in front of several. Standard library only.
 """
 
 from __future__ import annotations
@@ -49,29 +50,34 @@ def get(url: str, timeout: float = 30.0):
 class ServerProcess:
     """A ``python -m rhyme_sglang.launch_server`` subprocess on a free loopback port."""
 
+    module = "rhyme_sglang.launch_server"
+    ready_path = "/health"
+
     def __init__(self, args: list[str], log_path: str):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = open(log_path, "w")
         env = dict(os.environ, OMP_NUM_THREADS="1", SGLANG_USE_CPU_ENGINE="1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rhyme_sglang.launch_server", "--port", str(self.port),
-             "--log-level", "warning", *args],
+            [sys.executable, "-m", self.module, *self.base_args(), *args],
             stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )
+
+    def base_args(self) -> list[str]:
+        return ["--port", str(self.port), "--log-level", "warning"]
 
     def wait_ready(self, timeout: float = 180.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited early; see {self._log.name}")
+                raise RuntimeError(f"{self.module} exited early; see {self._log.name}")
             try:
-                if get(self.url + "/health", timeout=2)[0] == 200:
+                if get(self.url + self.ready_path, timeout=2)[0] == 200:
                     return
-            except OSError:
+            except (OSError, ValueError):
                 pass
             time.sleep(1.0)
-        raise TimeoutError("server did not become healthy")
+        raise TimeoutError(f"{self.module} did not become ready")
 
     def stop(self) -> None:
         import signal
@@ -82,3 +88,22 @@ class ServerProcess:
         except (ProcessLookupError, subprocess.TimeoutExpired):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self._log.close()
+
+
+class RouterProcess(ServerProcess):
+    """``python -m sglang_router.launch_router`` in front of ``worker_urls`` (loopback only).
+
+    ``args``: router flags, e.g. ``["--policy", "manual"]``. Ready once it lists every worker
+    as healthy."""
+
+    module = "sglang_router.launch_router"
+    ready_path = "/health"
+
+    def __init__(self, worker_urls: list[str], args: list[str], log_path: str):
+        self.worker_urls = list(worker_urls)
+        super().__init__(args, log_path)
+
+    def base_args(self) -> list[str]:
+        return ["--host", "127.0.0.1", "--port", str(self.port), "--worker-urls",
+                *self.worker_urls, "--prometheus-host", "127.0.0.1", "--prometheus-port",
+                str(_free_port()), "--log-level", "warn"]

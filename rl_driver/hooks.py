@@ -10,11 +10,28 @@ pieces are all any framework needs:
 3. after scoring, :func:`report_rewards`; after the weight update, nothing: the history
    epoch advances with the new weights.
 
-**OpenRLHF**: its vLLM engines are Ray actors with ``init_process_group``,
-``update_weight(name, dtype, shape)``, ``reset_prefix_cache``, ``sleep``/``wake_up``;
-``RolloutActor`` answers the same calls, so pass ``start_engines(...)`` where OpenRLHF
-expects ``vllm_engines`` and call :func:`rollout_groups` from the experience maker's
-generate step (``n_samples_per_prompt`` = group size).
+**OpenRLHF** (checked against ``openrlhf==0.11.2``'s own source by
+``tests/driver/test_openrlhf_contract.py``): its trainer and weight sync call, on each engine
+actor, ``init_process_group(addr, port, rank_offset, world_size, group_name, backend=,
+use_ray=)``, ``update_weight(name, dtype=, shape=, empty_cache=)``,
+``update_weight_cuda_ipc(...)``, ``reset_prefix_cache()``, ``sleep()``, ``wake_up(tags=)``,
+``pause_generation()``, ``resume_generation()``, ``get_num_unfinished_requests()`` and
+``generate_responses(prompt=, label=, sampling_params=, max_length=, hf_tokenizer=,
+num_samples=, images=)``. Where OpenRLHF differed from us we adapted ``RolloutActor``:
+``use_ray`` is accepted (``True`` is refused: only torch.distributed broadcast is
+supported), ``update_weight`` takes ``empty_cache`` and uses the group of the last
+``init_process_group`` (OpenRLHF names it ``"openrlhf"``; we used a fixed name), ``wake_up``
+takes ``tags``. Two calls need an adapter, :class:`OpenRLHFRolloutActor` (start it with
+``start_engines(..., openrlhf=True)`` and pass the handles as ``vllm_engines``):
+``generate_responses`` runs the prompt's ``num_samples`` as one RHYME group (prompt id = a
+hash of the text, sample = index) and returns OpenRLHF's single-turn output dicts
+(``observation_tokens``, ``action_ranges``, ``rollout_log_probs``, ``truncated``; rewards are
+left ``None``: OpenRLHF's agent executors and remote reward models do not run inside it, so
+score with your reward path and send rewards with :func:`report_rewards`);
+``update_weight_cuda_ipc`` raises (no CUDA IPC; use broadcast sync). OpenRLHF's vLLM-only
+``generate(prompt_token_ids, sampling_params)`` (called by its executors inside the vLLM
+actor, returning a vLLM ``RequestOutput``) is not provided: ``RolloutActor.generate`` is the
+batched token-id call.
 
 **verl**: in a custom rollout worker's ``generate_sequences(prompts)``, turn the batch's
 ``input_ids`` (unpadded) and ``uid`` (the group id) into groups, call
@@ -38,9 +55,11 @@ Example (any framework)::
 
 from __future__ import annotations
 
+import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from rl_driver.dispatch import DispatchConfig, Dispatcher, Job
+from rl_driver.rollout import RolloutActor
 
 
 class _Engines:
@@ -54,9 +73,65 @@ class _Engines:
         raise RuntimeError(f"engine {i} died; restart it in your framework and retry")
 
 
-def start_engines(model: str, num_engines: int = 1, rhyme: bool = True,
+def vllm_to_sglang_params(sp: Any, max_tokens: int) -> Dict[str, Any]:
+    """sglang sampling params from a vLLM ``SamplingParams`` (read by attribute; unset or
+    vLLM-default values are left to sglang's defaults)."""
+    out: Dict[str, Any] = {"max_new_tokens": int(max_tokens)}
+    for ours, theirs in (("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"),
+                         ("min_p", "min_p"), ("stop", "stop"), ("stop_token_ids", "stop_token_ids"),
+                         ("ignore_eos", "ignore_eos"), ("skip_special_tokens", "skip_special_tokens"),
+                         ("min_new_tokens", "min_tokens"), ("sampling_seed", "seed")):
+        value = getattr(sp, theirs, None)
+        if value is not None and not (theirs == "top_k" and value in (0, -1)):
+            out[ours] = value
+    return out
+
+
+def _prompt_group_id(prompt: str) -> str:
+    import hashlib
+
+    return "openrlhf:" + hashlib.blake2b(prompt.encode("utf-8"), digest_size=12).hexdigest()
+
+
+class OpenRLHFRolloutActor(RolloutActor):
+    """``RolloutActor`` plus the two OpenRLHF engine calls it lacks (see the module docstring)."""
+
+    async def generate_responses(self, prompt: str, label: Any, sampling_params: Any,
+                                 max_length: int, hf_tokenizer: Any, num_samples: int = 1,
+                                 images: Any = None) -> List[Dict[str, Any]]:
+        """``num_samples`` responses to one text prompt, in OpenRLHF's output dict shape."""
+        import asyncio
+
+        if images:
+            raise ValueError("OpenRLHFRolloutActor: image prompts are not supported")
+        ids = hf_tokenizer(text=prompt, add_special_tokens=False)["input_ids"]
+        max_tokens = getattr(sampling_params, "max_tokens", None) or max(1, max_length - len(ids))
+        ids = ids[-max(1, max_length - max_tokens):]
+        params = vllm_to_sglang_params(sampling_params, max_tokens)
+        group = _prompt_group_id(prompt)
+        outs = await asyncio.gather(*[self.generate_one({
+            "rid": f"{group}/{time.monotonic_ns()}/{i}", "prompt_id": group, "sample": i,
+            "input_ids": ids, "sampling_params": params}) for i in range(num_samples)])
+        want_logprobs = getattr(sampling_params, "logprobs", None) is not None
+        return [{
+            "prompt": prompt, "label": label, "images": None, "mm_train_inputs": None,
+            "observation_tokens": list(ids) + o["output_ids"],
+            "action_ranges": [(len(ids), len(ids) + len(o["output_ids"]))],
+            "rollout_log_probs": [0.0] * len(ids) + o["logprobs"] if want_logprobs else None,
+            "truncated": o["finish_reason"] == "length",
+            "reward": None, "scores": None, "extra_logs": {},
+        } for o in outs]
+
+    async def update_weight_cuda_ipc(self, name: str, dtype: Any, shape: Any, ipc_handles: Any,
+                                     empty_cache: bool = False):
+        raise RuntimeError(f"{self.name}: CUDA IPC weight sync is not supported by rhyme-sglang "
+                           "engines; use OpenRLHF's broadcast sync (update_weight)")
+
+
+def start_engines(model: str, num_engines: int = 1, rhyme: bool = True, openrlhf: bool = False,
                   **engine_kwargs) -> List[Any]:
-    """Start ``RolloutActor``s under Ray (``ray.init`` first); returns the actor handles."""
+    """Start ``RolloutActor``s (``OpenRLHFRolloutActor`` with ``openrlhf``) under Ray
+    (``ray.init`` first); returns the actor handles."""
     import ray
 
     from rhyme_sglang.models import resolve_model_path
@@ -65,7 +140,9 @@ def start_engines(model: str, num_engines: int = 1, rhyme: bool = True,
 
     kwargs = EngineConfig(num_engines=num_engines, rhyme=rhyme).server_args(resolve_model_path(model))
     kwargs.update(engine_kwargs)
-    actors = [make_rollout_actor(kwargs, rhyme=rhyme, name=f"engine{i}") for i in range(num_engines)]
+    cls = OpenRLHFRolloutActor if openrlhf else RolloutActor
+    actors = [make_rollout_actor(kwargs, rhyme=rhyme, name=f"engine{i}", actor_class=cls)
+              for i in range(num_engines)]
     ray.get([a.ready.remote() for a in actors])
     return actors
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from typing import Any, Dict, List, Optional
+from urllib.parse import urlencode
 
 from rl_driver.rollout import finish_type
 
@@ -119,6 +120,7 @@ class RolloutHTTPClient:
         return self._request("GET", "/rhyme/stats")
 
     def rhyme_save(self, path: str) -> bool:
+        """``path`` is relative to the server's ``--rhyme-snapshot-dir``."""
         self._request("POST", "/rhyme/save", {"path": path})
         return True
 
@@ -129,6 +131,19 @@ class RolloutHTTPClient:
     def rhyme_reset(self) -> bool:
         self._request("POST", "/rhyme/reset", {})
         return True
+
+    def rhyme_export_history(self, prompt_id: str) -> Optional[Dict[str, Any]]:
+        """The prompt's history on this server, None when it holds none."""
+        try:
+            return self._request("GET", "/rhyme/history?" + urlencode({"prompt_id": prompt_id}))
+        except HTTPError as exc:
+            if " 400: " in str(exc) and "no history" in str(exc):
+                return None
+            raise
+
+    def rhyme_import_history(self, history: Dict[str, Any], replace: bool = False) -> int:
+        return int(self._request("POST", "/rhyme/history",
+                                 {"history": history, "replace": replace})["added"])
 
     def rhyme_predict_lengths(self, prompts: List[Any]) -> List[float]:
         return [float(x) for x in self._request("POST", "/rhyme/predict_lengths",

@@ -9,7 +9,9 @@
 2. generate G samples per prompt (overrunning requests migrate to idle engines; a dead
    engine is restarted from its snapshot and its unfinished requests re-issued);
 3. score each response with ``task.reward_fn``;
-4. send the rewards to the engines' RHYME history (``rhyme_set_rewards``);
+4. send the rewards to the engines' RHYME history (``rhyme_set_rewards``), and give each
+   prompt's home engine the full responses migration or a restart kept out of its history
+   (``pool.forward_full_responses``);
 5. GRPO update on the trainer;
 6. sync weights trainer -> engines (the history epoch advances with the new weights);
 7. snapshot histories, checkpoint the trainer, append metrics (JSONL) and the trace.
@@ -96,7 +98,7 @@ def run(config: RunConfig, resume: bool = False,
     from transformers import AutoTokenizer
 
     from rhyme_sglang.models import resolve_model_path
-    from rl_driver.pool import EnginePool
+    from rl_driver.pool import EnginePool, forward_full_responses
     from rl_driver.trainer import Trainer
     from rl_driver.weight_sync import WeightSync
 
@@ -174,6 +176,7 @@ def run(config: RunConfig, resume: bool = False,
 
             # 4. rewards to the engines' history
             rewarded = send_rewards(pool, done, rewards, dispatcher.generation)
+            forwarded = forward_full_responses(pool.actors, done, rewards, dispatcher.generation)
 
             # 5. train
             advantages = group_advantages([rewards[j.key] for j in done], group,
@@ -217,7 +220,7 @@ def run(config: RunConfig, resume: bool = False,
                 "train_time_s": train_metrics["train_time_s"],
                 "sync_time_s": sync_s,
                 "sync_method": sync.method,
-                "rewards_sent": rewarded,
+                "rewards_sent": rewarded, "responses_forwarded": forwarded,
                 "history_epoch": [s.get("epoch") for s in rhyme_stats],
                 "history_responses": [s.get("num_responses") for s in rhyme_stats],
                 "history_memory_bytes": [s.get("memory_bytes") for s in rhyme_stats],

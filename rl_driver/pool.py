@@ -1,4 +1,6 @@
-"""``EnginePool``: the driver's set of ``RolloutActor``s, with restart-from-snapshot on failure."""
+"""``EnginePool``: the driver's set of ``RolloutActor``s, with restart-from-snapshot on failure,
+and :func:`forward_full_responses`, which gives a prompt's home engine the responses that
+migration or a restart kept out of its history."""
 
 from __future__ import annotations
 
@@ -8,6 +10,39 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 logger = logging.getLogger(__name__)
+
+
+def forward_full_responses(actors: List[Any], jobs, rewards: Dict[str, float],
+                           generation: List[int]) -> int:
+    """Import each full response its prompt's home engine (where the group was assigned, and
+    where the next epoch sends it) lacks: responses made of several segments (migrated, or
+    re-issued after a restart: the aborted first part never joined a history, and the
+    finishing engine kept only the last part) and responses finished by an engine restarted
+    since. ``replace``: a partial record of the same sample is swapped for the full one.
+    ``jobs``: ``dispatch.Job``s of one rollout; returns how many responses were added."""
+    import ray
+
+    from rhyme_sglang.core.transfer import response_state
+
+    per_home: Dict[tuple, Dict[str, Any]] = {}
+    for job in jobs:
+        home = job.engines[0]
+        if len(job.engines) == 1 and job.final_generation == generation[job.engine]:
+            continue  # one segment, and its engine still holds it
+        one = response_state(job.prompt_id, job.prompt_ids, job.response_ids, job.sample,
+                             rewards.get(job.key))
+        held = per_home.setdefault((home, job.prompt_id), one)
+        if held is not one:
+            held["records"] += one["records"]
+    refs = [actors[home].rhyme_import_history.remote(state, replace=True)
+            for (home, _), state in per_home.items()]
+    added = 0
+    for ref in refs:
+        try:
+            added += int(ray.get(ref))
+        except Exception as exc:  # a dead engine: its restart reloads the last snapshot
+            logger.warning("forwarding responses failed: %s", exc)
+    return added
 
 
 class EnginePool:

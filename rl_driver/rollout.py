@@ -7,7 +7,8 @@ Methods follow the names OpenRLHF/verl/slime rollout workers already call: ``gen
 per-request ``generate_one`` (streamed, so ``progress`` can report tokens in flight, and
 ``abort`` returns the partial output for lossless migration) and the RHYME history calls
 (``rhyme_set_rewards``, ``rhyme_advance_epoch``, ``rhyme_stats``, ``rhyme_save``,
-``rhyme_load``, ``rhyme_reset``, ``rhyme_predict_lengths``). When RHYME is off the history
+``rhyme_load``, ``rhyme_reset``, ``rhyme_predict_lengths``, ``rhyme_export_history`` /
+``rhyme_import_history``). When RHYME is off the history
 calls are answered locally (empty stats, no predictions) and never reach the engine.
 
 All methods are ``async`` (a Ray async actor), so many ``generate_one`` calls run at once
@@ -57,6 +58,7 @@ class RolloutActor:
         self.weight_version = 0
         self._progress: Dict[str, int] = {}
         self._sleeping = False
+        self._group_name = "rhyme_sync"
 
     async def _blocking(self, fn, *args, **kwargs):
         return await asyncio.to_thread(fn, *args, **kwargs)
@@ -143,7 +145,9 @@ class RolloutActor:
             return True
         return False
 
-    async def wake_up(self) -> bool:
+    async def wake_up(self, tags: Optional[List[str]] = None) -> bool:
+        """Resume memory released by ``sleep``; ``tags`` (OpenRLHF's ``["weights"]`` /
+        ``["kv_cache"]``) are accepted, and everything is resumed at once."""
         if self._sleeping:
             await self._blocking(self.engine.resume_memory_occupation)
             self._sleeping = False
@@ -178,7 +182,14 @@ class RolloutActor:
         return ok
 
     async def init_process_group(self, master_address: str, master_port: int, rank_offset: int,
-                                 world_size: int, group_name: str, backend: str = "gloo"):
+                                 world_size: int, group_name: str, backend: str = "gloo",
+                                 use_ray: bool = False):
+        """Join the trainer's weight-broadcast group (torch.distributed; ``use_ray=True``,
+        OpenRLHF's ray.util.collective transport, is not supported)."""
+        if use_ray:
+            raise ValueError(f"{self.name}: use_ray weight sync is not supported; "
+                             "use a torch.distributed backend (gloo/nccl)")
+        self._group_name = group_name
         ok, message = _ok(await self._blocking(
             self.engine.init_weights_update_group, master_address, master_port, rank_offset,
             world_size, group_name, backend))
@@ -195,10 +206,14 @@ class RolloutActor:
             raise RuntimeError(f"{self.name}: update_weights_from_distributed failed: {message}")
         return ok
 
-    async def update_weight(self, name: str, dtype: str, shape, group_name: str = "rhyme_sync"):
-        """OpenRLHF's per-parameter broadcast receive."""
-        return await self.update_weights_from_distributed([name], [str(dtype).replace(
-            "torch.", "")], [list(shape)], group_name)
+    async def update_weight(self, name: str, dtype, shape, empty_cache: bool = False,
+                            group_name: Optional[str] = None):
+        """OpenRLHF's per-parameter broadcast receive, on the group of the last
+        ``init_process_group`` (``empty_cache``: OpenRLHF marks the last parameter; the
+        prefix cache is flushed then)."""
+        return await self.update_weights_from_distributed(
+            [name], [str(dtype).replace("torch.", "")], [list(shape)],
+            group_name or self._group_name, flush_cache=bool(empty_cache))
 
     async def set_weight_version(self, version: int) -> None:
         self.weight_version = int(version)
@@ -236,6 +251,23 @@ class RolloutActor:
             await self._blocking(self.engine.rhyme_reset)
         return self.rhyme
 
+    async def rhyme_export_history(self, prompt_id: str) -> Optional[Dict[str, Any]]:
+        """The prompt's history for another engine's ``rhyme_import_history``; None when RHYME
+        is off or this engine holds nothing for the prompt."""
+        if not self.rhyme:
+            return None
+        try:
+            return await self._blocking(self.engine.rhyme_export_history, prompt_id)
+        except ValueError:
+            return None
+
+    async def rhyme_import_history(self, history: Dict[str, Any], replace: bool = False) -> int:
+        """Add an exported history (or ``transfer.response_state``); returns responses added."""
+        if not self.rhyme:
+            return 0
+        return int((await self._blocking(self.engine.rhyme_import_history, history,
+                                         replace))["added"])
+
     async def rhyme_predict_lengths(self, prompts: List[List[int]]) -> Optional[List[float]]:
         """Predicted response lengths, or None when RHYME is off (the caller's default)."""
         if not self.rhyme:
@@ -253,10 +285,11 @@ def _on_cpu() -> bool:
 
 
 def make_rollout_actor(engine_kwargs: Dict[str, Any], rhyme: bool = False, name: str = "engine",
-                       num_cpus: float = 1, max_concurrency: int = 1000):
-    """Start a ``RolloutActor`` under Ray (call ``ray.get(actor.ready.remote())`` to wait)."""
+                       num_cpus: float = 1, max_concurrency: int = 1000, actor_class=None):
+    """Start a ``RolloutActor`` (or ``actor_class``, a subclass) under Ray (call
+    ``ray.get(actor.ready.remote())`` to wait)."""
     import ray
 
-    cls = ray.remote(RolloutActor)
+    cls = ray.remote(actor_class or RolloutActor)
     return cls.options(num_cpus=num_cpus, max_concurrency=max_concurrency,
                        name=None).remote(engine_kwargs, rhyme=rhyme, name=name)

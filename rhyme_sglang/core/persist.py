@@ -78,7 +78,7 @@ def read_payload(path: str) -> dict:
         raise ValueError(f"{path}: too short to be a draft-store snapshot")
     magic, version, length, crc = _HEADER.unpack_from(data)
     if magic != MAGIC:
-        raise ValueError(f"{path}: not a draft-store snapshot (bad magic {magic!r})")
+        raise ValueError(f"{path}: not a draft-store snapshot (no snapshot header)")
     if version != VERSION:
         raise ValueError(f"{path}: snapshot version {version} is not supported (expected {VERSION})")
     payload = data[_HEADER.size:]

@@ -318,6 +318,19 @@ class DraftStore(HistoryUpkeep):
             return False
         return all(id(r) in ids for r in self._finished.values())
 
+    def export_prompt(self, prompt_id: str) -> dict:
+        """One prompt's history as JSON-safe data for `import_prompt` (changes nothing);
+        ValueError for an unknown prompt. See `transfer`."""
+        from .transfer import export_prompt
+        return export_prompt(self, prompt_id)
+
+    def import_prompt(self, state: dict, replace: bool = False) -> int:
+        """Add an exported prompt history (responses already held are skipped, or replaced
+        when `replace`); returns how many were added. ValueError on malformed input, with
+        nothing added."""
+        from .transfer import import_prompt
+        return import_prompt(self, state, replace)
+
     def save(self, path: str) -> None:
         from .persist import save_store
         save_store(self, path)

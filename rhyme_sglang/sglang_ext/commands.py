@@ -1,5 +1,8 @@
 """Control commands of the RHYME worker (the ``rhyme_*`` Engine calls and ``/rhyme/*`` routes).
 
+Snapshot paths arrive here as given: the HTTP layer confines them to the snapshot directory
+(:mod:`.snapshot_paths`); the in-process ``Engine`` API is trusted like any Python caller.
+
 :class:`ControlCommands` is mixed into :class:`~rhyme_sglang.sglang_ext.worker.RhymeWorker`;
 ``command(name, args)`` runs ``_cmd_<name>(**args)`` under the worker's lock, called from the
 control thread (:mod:`.control`). A handler raises ``ValueError`` naming the bad value and leaves
@@ -78,6 +81,16 @@ class ControlCommands:
             raise ValueError("cannot load a snapshot while requests are running")
         self.store.load(str(path))
         return {"epoch": self.store.epoch, "num_responses": self.store.num_responses}
+
+    def _cmd_export_history(self, prompt_id):
+        """One prompt's history (``DraftStore.export_prompt``), for another engine's import."""
+        return self.store.export_prompt(prompt_id)
+
+    def _cmd_import_history(self, history, replace=False):
+        if not isinstance(replace, bool):
+            raise ValueError(f"replace must be a boolean, got {replace!r}")
+        added = self.store.import_prompt(history, replace=replace)
+        return {"added": added, "num_responses": self.store.num_responses}
 
     def _cmd_reset(self):
         if self._tracked:

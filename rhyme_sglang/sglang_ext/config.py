@@ -29,6 +29,9 @@ class RhymeConfig:
     * ``epoch_decay``/``reward_weight``: history weighting (see ``rhyme_sglang.core``).
     * ``memory_mb``: memory budget of the history store (None = unbounded).
     * ``snapshot_path``: load this snapshot at start-up if it exists.
+    * ``snapshot_dir``: the server's ``/rhyme/save``, ``/rhyme/load`` and
+      ``--rhyme-snapshot-path`` resolve inside it (default ``<cache>/snapshots``, see
+      :meth:`snapshot_root`); the in-process ``Engine`` API is not confined.
     * ``control_addr``: ZeroMQ address of the worker's control socket (set automatically).
     * ``adaptive``: batch-level speculation budget from the measured cost model.
     """
@@ -40,6 +43,7 @@ class RhymeConfig:
     reward_weight: float = 0.5
     memory_mb: Optional[int] = None
     snapshot_path: Optional[str] = None
+    snapshot_dir: Optional[str] = None
     control_addr: Optional[str] = None
     adaptive: bool = True
 
@@ -54,6 +58,15 @@ class RhymeConfig:
             raise ValueError(f"rhyme max_branch must be >= 1, got {self.max_branch!r}")
         if self.memory_mb is not None and self.memory_mb <= 0:
             raise ValueError(f"rhyme memory_mb must be positive, got {self.memory_mb!r}")
+
+    def snapshot_root(self) -> str:
+        """The snapshot directory: ``snapshot_dir``, else ``snapshots`` under the model cache
+        (``$RHYME_CACHE_DIR``, default ``~/.cache/rhyme_sglang``)."""
+        if self.snapshot_dir:
+            return os.path.expanduser(self.snapshot_dir)
+        from rhyme_sglang.models import cache_dir
+
+        return str(cache_dir().parent / "snapshots")
 
     def store_config(self):
         from rhyme_sglang.core import StoreConfig

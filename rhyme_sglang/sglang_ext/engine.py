@@ -73,6 +73,15 @@ class Engine(_SGLangEngine):
     def rhyme_reset(self) -> dict:
         return self._rhyme_call("reset")
 
+    def rhyme_export_history(self, prompt_id: str) -> dict:
+        """One prompt's history as JSON-safe data, for ``rhyme_import_history`` elsewhere."""
+        return self._rhyme_call("export_history", prompt_id=prompt_id)
+
+    def rhyme_import_history(self, history: dict, replace: bool = False) -> dict:
+        """Add an exported prompt history (held responses are skipped, or replaced when
+        ``replace``) -> ``{"added", "num_responses"}``."""
+        return self._rhyme_call("import_history", history=history, replace=replace)
+
     def rhyme_predict_lengths(self, prompts: list) -> list:
         return self._rhyme_call("predict_lengths", prompts=prompts)["lengths"]
 

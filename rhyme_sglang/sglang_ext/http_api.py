@@ -5,17 +5,24 @@ Routes (JSON in, JSON out; 4xx with ``{"error": {"message": ...}}`` on bad input
 * ``POST /rhyme/rewards`` ``{"rewards": [{"rid", "reward"} | {"prompt_id", "sample", "reward"}]}``
 * ``POST /rhyme/advance_epoch`` -> ``{"epoch"}``
 * ``GET  /rhyme/stats`` -> tau per epoch, acceptance histogram, drafted/accepted, memory, latency
-* ``POST /rhyme/save`` / ``POST /rhyme/load`` ``{"path"}``; ``POST /rhyme/reset``
+* ``POST /rhyme/save`` / ``POST /rhyme/load`` ``{"path"}`` (inside ``--rhyme-snapshot-dir``);
+  ``POST /rhyme/reset``
+* ``GET /rhyme/history?prompt_id=P`` -> the prompt's history; ``POST /rhyme/history``
+  ``{"history": <that>, "replace": false}`` adds it to this engine -> ``{"added", "num_responses"}``
+* ``POST /rhyme/draft`` ``{"prompt", "context", "max_tokens", "prompt_id"}`` -> the draft the
+  history would propose after ``prompt + context`` (inspection; changes no history)
 * ``GET /rhyme/schedule_policy`` -> ``{"policy"}``; ``POST /rhyme/schedule_policy`` ``{"policy"}``
   switches the waiting-queue order (``lpt`` | ``fcfs``) at run time (admin)
 * ``GET|POST /rhyme/predict_lengths`` ``{"prompts": [[ids...] | "prompt_id", ...]}`` -> ``{"lengths"}``
 
-Rewards, epoch, save/load/reset are admin endpoints: they require SGLang's admin key (or the
-API key when only that is set), like SGLang's own weight-update endpoints.
+The POST routes but ``predict_lengths`` are admin routes: they require SGLang's admin key (or
+the API key when only that is set), like SGLang's own weight-update endpoints; with no key set
+they answer loopback clients only (403 otherwise).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 from typing import Optional
@@ -42,23 +49,42 @@ async def _json_body(request: Request) -> dict:
     return body
 
 
-def make_routes(client):
-    """Handlers bound to one engine's control client (``None`` when RHYME is off)."""
-    from rhyme_sglang.sglang_ext.control import ControlError
+def is_loopback(host) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except (TypeError, ValueError):
+        return host == "localhost"
 
-    async def call(request: Request, cmd: str, fields: tuple = ()):
+
+def make_routes(client, snapshot_root: str, keyless_admin: bool):
+    """Handlers bound to one engine's control client (``None`` when RHYME is off).
+
+    ``keyless_admin``: no admin/API key is set, so admin routes answer loopback clients only."""
+    from rhyme_sglang.sglang_ext.control import ControlError
+    from rhyme_sglang.sglang_ext.snapshot_paths import confine
+
+    def snapshot(body: dict, must_exist: bool) -> dict:
+        return dict(body, path=confine(body.get("path"), snapshot_root, must_exist=must_exist))
+
+    async def call(request: Request, cmd: str, fields: tuple = (), optional: tuple = (),
+                   admin: bool = False, prepare=None):
+        if admin and keyless_admin and not is_loopback(getattr(request.client, "host", None)):
+            return _error(403, "admin routes answer loopback clients only when no "
+                               "--admin-api-key is set")
         if client is None:
             return _error(404, "RHYME is not enabled on this server (--speculative-algorithm RHYME)")
         try:
             body = await _json_body(request)
-            if request.method == "GET" and not body and "prompts" in request.query_params:
-                body = {"prompts": json.loads(request.query_params["prompts"])}
-            unknown = sorted(set(body) - set(fields))
+            if request.method == "GET" and not body:
+                body = _query_body(request, fields)
+            unknown = sorted(set(body) - set(fields) - set(optional))
             if unknown:
-                raise ValueError(f"unknown field(s) {unknown}; expected {list(fields)}")
+                raise ValueError(f"unknown field(s) {unknown}; expected {list(fields + optional)}")
             missing = [f for f in fields if f not in body]
             if missing:
                 raise ValueError(f"missing field(s) {missing}")
+            if prepare is not None:
+                body = prepare(body)
             result = await run_in_threadpool(client.call, cmd, **body)
         except (ValueError, ControlError) as exc:  # json.JSONDecodeError is a ValueError
             return _error(400, str(exc))
@@ -66,21 +92,38 @@ def make_routes(client):
             return _error(503, str(exc))
         return JSONResponse(result)
 
+    def admin(cmd, fields=(), **kw):
+        return lambda r: call(r, cmd, fields, admin=True, **kw)
+
     return {
-        ("POST", "/rhyme/rewards", True): lambda r: call(r, "set_rewards", ("rewards",)),
-        ("POST", "/rhyme/advance_epoch", True): lambda r: call(r, "advance_epoch"),
+        ("POST", "/rhyme/rewards", True): admin("set_rewards", ("rewards",)),
+        ("POST", "/rhyme/advance_epoch", True): admin("advance_epoch"),
         ("GET", "/rhyme/stats", False): lambda r: call(r, "stats"),
-        ("POST", "/rhyme/save", True): lambda r: call(r, "save", ("path",)),
-        ("POST", "/rhyme/load", True): lambda r: call(r, "load", ("path",)),
-        ("POST", "/rhyme/reset", True): lambda r: call(r, "reset"),
+        ("POST", "/rhyme/save", True): admin("save", ("path",), prepare=lambda b: snapshot(b, False)),
+        ("POST", "/rhyme/load", True): admin("load", ("path",), prepare=lambda b: snapshot(b, True)),
+        ("POST", "/rhyme/reset", True): admin("reset"),
+        ("GET", "/rhyme/history", False): lambda r: call(r, "export_history", ("prompt_id",)),
+        ("POST", "/rhyme/history", True): admin("import_history", ("history",), optional=("replace",)),
+        ("POST", "/rhyme/draft", True): admin("draft", ("prompt",),
+                                              optional=("context", "max_tokens", "prompt_id")),
         ("GET", "/rhyme/schedule_policy", False): lambda r: call(r, "schedule_policy"),
-        ("POST", "/rhyme/schedule_policy", True): lambda r: call(r, "schedule_policy", ("policy",)),
+        ("POST", "/rhyme/schedule_policy", True): admin("schedule_policy", ("policy",)),
         ("GET", "/rhyme/predict_lengths", False): lambda r: call(r, "predict_lengths", ("prompts",)),
         ("POST", "/rhyme/predict_lengths", False): lambda r: call(r, "predict_lengths", ("prompts",)),
     }
 
 
-def install(control_addr: Optional[str] = None) -> None:
+def _query_body(request: Request, fields: tuple) -> dict:
+    """GET parameters: ``prompts`` is JSON, other fields are plain strings."""
+    query = request.query_params
+    body = {f: query[f] for f in fields if f in query}
+    if "prompts" in body:
+        body["prompts"] = json.loads(body["prompts"])
+    return body
+
+
+def install(control_addr: Optional[str] = None, snapshot_root: Optional[str] = None,
+            keyless_admin: bool = False) -> None:
     """Add validation middleware and ``/rhyme/*`` routes to sglang's app (once)."""
     global _INSTALLED
     if _INSTALLED:
@@ -88,6 +131,7 @@ def install(control_addr: Optional[str] = None) -> None:
     from sglang.srt.entrypoints import http_server
     from sglang.srt.utils.auth import AuthLevel, auth_level
 
+    from rhyme_sglang.sglang_ext.config import RhymeConfig
     from rhyme_sglang.sglang_ext.control import ControlClient
     from rhyme_sglang.sglang_ext.validation import (
         RequestValidationMiddleware,
@@ -97,7 +141,8 @@ def install(control_addr: Optional[str] = None) -> None:
     install_token_id_check()
     http_server.app.add_middleware(RequestValidationMiddleware)
     client = ControlClient(control_addr) if control_addr else None
-    for (method, path, admin), handler in make_routes(client).items():
+    root = snapshot_root or RhymeConfig().snapshot_root()
+    for (method, path, admin), handler in make_routes(client, root, keyless_admin).items():
         endpoint = _named(handler, path, method)
         if admin:
             endpoint = auth_level(AuthLevel.ADMIN_OPTIONAL)(endpoint)

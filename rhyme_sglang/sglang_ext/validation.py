@@ -1,8 +1,11 @@
 """Request validation in front of SGLang: malformed input gets a clear 4xx, never a crash.
 
 Two layers:
-* :class:`RequestValidationMiddleware` (HTTP): ``/generate`` bodies must be JSON objects
-  with known fields and known sampling-parameter names.
+* :class:`RequestValidationMiddleware` (HTTP): a ``/generate`` body passes when SGLang's own
+  contract gate (``sglang.srt.entrypoints.api_contract.generate_contract_error``) admits it,
+  and its values cannot crash or corrupt anything: ``max_new_tokens`` >= 0 and well-formed
+  ``custom_params``. Top-level fields SGLang does not know (``model``, which sglang-router
+  adds, and others) are ignored as SGLang ignores them, and logged once per name.
 * :func:`install_token_id_check` (tokenizer manager, so HTTP and ``Engine`` alike): every
   input token id must be an int in ``[0, vocab_size)``; sglang 0.5.23 otherwise lets an
   out-of-vocabulary id reach the model and the scheduler process dies. RHYME's
@@ -14,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import json
 import logging
 
@@ -23,6 +25,7 @@ from starlette.responses import JSONResponse
 
 logger = logging.getLogger(__name__)
 _VALIDATED_PATHS = ("/generate",)
+_LOGGED_UNKNOWN: set = set()
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -30,53 +33,42 @@ def _error(status: int, message: str) -> JSONResponse:
 
 
 @functools.lru_cache(maxsize=1)
-def _allowed_fields() -> tuple[frozenset, frozenset]:
+def _known_fields() -> frozenset:
     from sglang.srt.managers.io_struct import GenerateReqInput
-    from sglang.srt.sampling.sampling_params import SamplingParams
 
-    top = frozenset(f.name for f in dataclasses.fields(GenerateReqInput))
-    sampling = frozenset(inspect.signature(SamplingParams).parameters)  # a msgspec Struct
-    return top, sampling
+    return frozenset(f.name for f in dataclasses.fields(GenerateReqInput))
+
+
+def _log_unknown_once(body: dict) -> None:
+    new = sorted(set(body) - _known_fields() - _LOGGED_UNKNOWN)
+    if new:
+        _LOGGED_UNKNOWN.update(new)
+        logger.info("/generate: ignoring field(s) %s that SGLang does not use (logged once)", new)
 
 
 def check_generate_body(body) -> str | None:
     """Return an error message for a malformed ``/generate`` body, or None if it is fine."""
+    from sglang.srt.entrypoints.api_contract import generate_contract_error
+
     if not isinstance(body, dict):
         return f"request body must be a JSON object, got {type(body).__name__}"
-    top, sampling = _allowed_fields()
-    unknown = sorted(set(body) - top)
-    if unknown:
-        return f"unknown field(s) {unknown} in /generate request"
+    contract = generate_contract_error(body)
+    if contract is not None:
+        return f"invalid /generate request: {contract}"
+    _log_unknown_once(body)
     params = body.get("sampling_params")
     for p in params if isinstance(params, list) else [params]:
         if p is None:
             continue
         if not isinstance(p, dict):
             return f"sampling_params must be an object, got {type(p).__name__}"
-        bad = sorted(set(p) - sampling)
-        if bad:
-            return f"unknown sampling parameter(s) {bad}"
         mnt = p.get("max_new_tokens")
         if mnt is not None and (isinstance(mnt, bool) or not isinstance(mnt, int) or mnt < 0):
             return f"max_new_tokens must be a non-negative integer, got {mnt!r}"
-        for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty"):
-            v = p.get(name)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-                return f"{name} must be a number, got {v!r}"
         try:
             check_rhyme_params(p)
         except ValueError as exc:
             return str(exc)
-    ids = body.get("input_ids")
-    if ids is not None:
-        rows = ids if ids and isinstance(ids[0], list) else [ids] if isinstance(ids, list) else None
-        if rows is None:
-            return f"input_ids must be a list of ints (or a list of lists), got {type(ids).__name__}"
-        for row in rows:
-            if not isinstance(row, list) or not all(
-                isinstance(t, int) and not isinstance(t, bool) for t in row
-            ):
-                return "input_ids must contain only integers"
     return None
 
 

@@ -45,6 +45,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(200, {"epoch": 3, "tau": 2.5})
         elif self.path == "/rhyme/predict_lengths":
             self._reply(200, {"lengths": [10.0 * (i + 1) for i in range(len(body["prompts"]))]})
+        elif self.path.startswith("/rhyme/history?prompt_id="):
+            known = self.path.endswith("=p")
+            self._reply(200 if known else 400, {"format": 1, "prompt_id": "p", "records": []}
+                        if known else {"error": {"message": "no history for prompt 'q'"}})
+        elif self.path == "/rhyme/history":
+            self._reply(200, {"added": len(body["history"]["records"]), "num_responses": 1})
         elif self.path == "/update_weights_from_disk":
             self._reply(200, {"success": True, "message": "ok"})
         else:
@@ -79,6 +85,10 @@ def test_generate_and_rhyme_routes(server):
     assert client.rhyme_predict_lengths(["p", [1, 2]]) == [10.0, 20.0]
     assert client.rhyme_save("/tmp/x") and client.rhyme_load("/tmp/x") and client.rhyme_reset()
     assert client.update_weights_from_disk("/w", weight_version=4) and client.weight_version == 4
+    hist = client.rhyme_export_history("p")
+    assert hist["prompt_id"] == "p" and client.rhyme_export_history("q") is None
+    assert client.rhyme_import_history({**hist, "records": [{}]}, replace=True) == 1
+    assert calls[-1][2] == {"history": {**hist, "records": [{}]}, "replace": True}
     assert client.reset_prefix_cache()
     client.pause_generation()
     client.resume_generation()

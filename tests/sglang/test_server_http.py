@@ -1,4 +1,5 @@
-"""The HTTP server: malformed requests get a 4xx with a message and the server keeps serving."""
+"""The HTTP server: malformed requests get a 4xx with a message and the server keeps serving;
+fields SGLang accepts pass; snapshot paths stay inside --rhyme-snapshot-dir."""
 
 from __future__ import annotations
 
@@ -13,11 +14,17 @@ pytestmark = pytest.mark.sglang
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_path, tmp_path_factory, engines):
+def snap_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("snapshots")
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_path, tmp_path_factory, engines, snap_dir):
     engines.close_all()  # one sglang engine at a time on this 2-core machine
     srv = Server(["--model-path", tiny_model_path, "--dtype", "float32",
                   "--speculative-algorithm", "RHYME", "--speculative-num-draft-tokens", "8",
-                  "--admin-api-key", ADMIN_KEY, "--rhyme-schedule-policy", "lpt"],
+                  "--admin-api-key", ADMIN_KEY, "--rhyme-schedule-policy", "lpt",
+                  "--rhyme-snapshot-dir", str(snap_dir)],
                  str(tmp_path_factory.mktemp("server") / "server.log"))
     try:
         srv.wait_ready()
@@ -32,7 +39,6 @@ GOOD = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 4, "temper
 BAD = {
     "not_json": (None, b"{bad json"),
     "not_an_object": ([1, 2], None),
-    "unknown_field": ({"input_ids": [1, 2], "bogus_field": 1}, None),
     "unknown_sampling_param": ({"input_ids": [1, 2], "sampling_params": {"bogus": 1}}, None),
     "negative_max_new_tokens": ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": -3}}, None),
     "string_max_new_tokens": ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": "x"}}, None),
@@ -52,6 +58,13 @@ def test_good_request(server):
     assert status == 200 and len(body["output_ids"]) == 4
 
 
+@pytest.mark.parametrize("extra", [{"model": "tiny"}, {"bogus_field": 1}])
+def test_fields_sglang_accepts_pass(server, extra):
+    """sglang-router adds `model` to /generate bodies; SGLang ignores unknown top-level fields."""
+    status, body = post(server.url + "/generate", {**GOOD, **extra})
+    assert status == 200 and len(body["output_ids"]) == 4
+
+
 @pytest.mark.parametrize("case", list(BAD))
 def test_malformed_request_gets_4xx_and_server_survives(server, case):
     body, raw = BAD[case]
@@ -62,7 +75,7 @@ def test_malformed_request_gets_4xx_and_server_survives(server, case):
     assert status == 200 and len(body["output_ids"]) == 4
 
 
-def test_rhyme_round_trip(server, tmp_path):
+def test_rhyme_round_trip(server):
     status, body = post(server.url + "/generate", {**GOOD, "rid": "http-r1"})
     assert status == 200
     status, stats = get(server.url + "/rhyme/stats")
@@ -72,9 +85,8 @@ def test_rhyme_round_trip(server, tmp_path):
     assert (status, body) == (200, {"updated": 1})
     status, body = post(server.url + "/rhyme/advance_epoch", {}, headers=ADMIN)
     assert status == 200 and body["epoch"] == stats["epoch"] + 1
-    snap = str(tmp_path / "h.snap")
-    assert post(server.url + "/rhyme/save", {"path": snap}, headers=ADMIN)[0] == 200
-    assert post(server.url + "/rhyme/load", {"path": snap}, headers=ADMIN)[0] == 200
+    assert post(server.url + "/rhyme/save", {"path": "h.snap"}, headers=ADMIN)[0] == 200
+    assert post(server.url + "/rhyme/load", {"path": "h.snap"}, headers=ADMIN)[0] == 200
     status, body = post(server.url + "/rhyme/predict_lengths", {"prompts": [[1, 2, 3]]})
     assert status == 200 and len(body["lengths"]) == 1
     assert get(server.url + "/rhyme/schedule_policy") == (200, {"policy": "lpt"})
@@ -93,8 +105,12 @@ RHYME_BAD = {
     "missing_rewards": ("/rhyme/rewards", {}, None),
     "bad_json": ("/rhyme/rewards", None, b"{oops"),
     "unknown_field": ("/rhyme/advance_epoch", {"epoch": 7}, None),
-    "corrupt_snapshot": ("/rhyme/load", {"path": "/etc/hostname"}, None),
-    "missing_snapshot": ("/rhyme/load", {"path": "/nonexistent/h.snap"}, None),
+    "outside_snapshot": ("/rhyme/load", {"path": "/etc/hostname"}, None),
+    "missing_snapshot": ("/rhyme/load", {"path": "nonexistent/h.snap"}, None),
+    "history_not_object": ("/rhyme/history", {"history": 5}, None),
+    "history_malformed": ("/rhyme/history", {"history": {"format": 1, "prompt_id": "p",
+                                                          "records": "x"}}, None),
+    "history_bad_replace": ("/rhyme/history", {"history": {}, "replace": "yes"}, None),
     "bad_prompts": ("/rhyme/predict_lengths", {"prompts": [{"a": 1}]}, None),
     "unknown_policy": ("/rhyme/schedule_policy", {"policy": "shortest-first"}, None),
     "missing_policy": ("/rhyme/schedule_policy", {}, None),
@@ -115,9 +131,48 @@ def test_rhyme_bad_input_gets_4xx_and_history_intact(server, case):
 
 @pytest.mark.parametrize("path", ["/rhyme/rewards", "/rhyme/advance_epoch", "/rhyme/save",
                                   "/rhyme/load", "/rhyme/reset", "/rhyme/schedule_policy",
-                                  "/update_weights_from_disk"])
+                                  "/rhyme/history", "/update_weights_from_disk"])
 def test_admin_endpoints_need_the_admin_key(server, path):
     status, _ = post(server.url + path, {})
     assert status in (401, 403), status
     status, _ = post(server.url + path, {}, headers={"Authorization": "Bearer wrong"})
     assert status in (401, 403), status
+
+
+SECRET = b"SECRET-BYTES-9137"
+
+
+@pytest.mark.parametrize("route", ["/rhyme/save", "/rhyme/load"])
+def test_snapshot_paths_outside_the_directory_get_400(server, snap_dir, route):
+    outside = snap_dir.parent / "outside.bin"
+    outside.write_bytes(SECRET)
+    link = snap_dir / f"link{route[-4:]}.snap"
+    if not link.exists():
+        link.symlink_to(outside)
+    for path in ("../outside.bin", str(outside), "/proc/self/environ", link.name,
+                 "a/../../outside.bin"):
+        status, payload = post(server.url + route, {"path": path}, headers=ADMIN)
+        assert status == 400 and "SECRET" not in json.dumps(payload), (path, payload)
+    assert outside.read_bytes() == SECRET  # save did not write through the symlink
+
+
+def test_non_snapshot_file_inside_is_refused_without_echo(server, snap_dir):
+    (snap_dir / "junk.snap").write_bytes(SECRET)
+    status, payload = post(server.url + "/rhyme/load", {"path": "junk.snap"}, headers=ADMIN)
+    assert status == 400 and "not a draft-store snapshot" in json.dumps(payload)
+    assert "SECRET" not in json.dumps(payload) and "9137" not in json.dumps(payload)
+
+
+def test_history_export_import_round_trip(server):
+    req = {"input_ids": [5, 6, 7], "sampling_params": {
+        "max_new_tokens": 4, "temperature": 0,
+        "custom_params": {"rhyme_prompt_id": "http-hist", "rhyme_sample": 0}}}
+    assert post(server.url + "/generate", req)[0] == 200
+    status, hist = get(server.url + "/rhyme/history?prompt_id=http-hist")
+    assert status == 200 and hist["prompt_id"] == "http-hist" and len(hist["records"]) == 1
+    assert len(hist["records"][0]["response"]) == 4
+    status, body = post(server.url + "/rhyme/history", {"history": hist}, headers=ADMIN)
+    assert status == 200 and body["added"] == 0  # already held
+    assert post(server.url + "/rhyme/history", {"history": hist})[0] in (401, 403)
+    status, payload = get(server.url + "/rhyme/history?prompt_id=no-such-prompt")
+    assert status == 400 and "no-such-prompt" in json.dumps(payload)
