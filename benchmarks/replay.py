@@ -13,7 +13,14 @@ epoch-e responses: a small advantage to the baselines. SGLang's NGRAM is fed who
 responses (prompt + response) but not the request's own tokens while it runs; Arctic's cache gets
 the request's prompt and own tokens, as in vLLM.
 
+Reward-weighting variants: `rhyme-online` (reward_rule="online": the coefficient is refitted
+each epoch from the branches the epoch's responses took), `rhyme-sibling` (open-epoch siblings
+weighted by their finished siblings' rewards), `rhyme-w<C>` (fixed coefficient C), and the
+ceiling of any branch-ranking rule, `rhyme-rankoracle` (see peers/branches.py).
+`--analyze-branches` adds the branch-point analysis of the rhyme store (peers/branches.py).
+
     python -m benchmarks.replay --traces PATH [--k 8] [--mode history|online] [--json OUT]
+        [--analyze-branches]
 """
 
 from __future__ import annotations
@@ -32,26 +39,34 @@ from rhyme_sglang.core.trace import TraceRecord, read_trace
 
 from .peers import arctic, ngram
 from .peers.base import DraftSource
+from .peers.branches import BranchAnalysis, RankOracleSource, format_report
 from .peers.histospec import HistoSpecSource
 from .peers.oracle import OracleSource
 from .peers.rhyme import RhymeSource
 
 logger = logging.getLogger("benchmarks.replay")
-ALL_SOURCES = ("rhyme", "rhyme-noreward", "rhyme-latest", "rhyme-chain", "histospec",
-               "sglang-ngram", "sglang-ngram-tree", "suffix", "suffix-tree", "oracle", "oracle-ext")
+ALL_SOURCES = ("rhyme", "rhyme-noreward", "rhyme-online", "rhyme-latest", "rhyme-chain",
+               "histospec", "sglang-ngram", "sglang-ngram-tree", "suffix", "suffix-tree", "oracle",
+               "oracle-ext", "rhyme-rankoracle")
+VARIANTS = {"rhyme": {}, "rhyme-noreward": {"reward_weight": 0.0},
+            "rhyme-online": {"reward_rule": "online"}, "rhyme-sibling": {"sibling_rewards": "finished"},
+            "rhyme-online-sibling": {"reward_rule": "online", "sibling_rewards": "finished"},
+            "rhyme-latest": {"history_epochs": 1}, "rhyme-chain": {"max_branch": 1}}
 BASELINES = ("histospec", "sglang-ngram", "sglang-ngram-tree", "suffix", "suffix-tree")
 
 
 def make_source(name: str, k: int, backend: str = "auto") -> DraftSource:
     """Build a source by name; raises RuntimeError with the reason when it is unavailable."""
-    if name == "rhyme":
-        return RhymeSource(name, StoreConfig(), backend)
-    if name == "rhyme-noreward":
-        return RhymeSource(name, StoreConfig(reward_weight=0.0), backend)
-    if name == "rhyme-latest":
-        return RhymeSource(name, StoreConfig(history_epochs=1), backend)
-    if name == "rhyme-chain":
-        return RhymeSource(name, StoreConfig(max_branch=1), backend)
+    if name in VARIANTS:
+        return RhymeSource(name, StoreConfig(**VARIANTS[name]), backend)
+    if name.startswith("rhyme-w"):
+        try:
+            coef = float(name[len("rhyme-w"):])
+        except ValueError:
+            raise ValueError(f"bad reward coefficient in source name {name!r}") from None
+        return RhymeSource(name, StoreConfig(reward_weight=coef), backend)
+    if name == "rhyme-rankoracle":
+        return RankOracleSource(name)
     if name == "histospec":
         return HistoSpecSource()
     if name in ("oracle", "oracle-ext"):
@@ -138,6 +153,18 @@ def run(records: Sequence[TraceRecord], k: int, mode: str, sources: Sequence[str
     return result
 
 
+def analyze_branches(records: Sequence[TraceRecord], k: int, mode: str,
+                     max_epoch: Optional[int] = None, oracle_tau: Optional[float] = None) -> dict:
+    """Branch-point analysis of the rhyme store (default config) plus the rank-oracle ceiling
+    (replayed here unless its tau is given)."""
+    epochs = group_by_epoch(records)
+    analysis = BranchAnalysis()
+    tau = replay_source(analysis, epochs, k, mode, max_epoch)["tau"]
+    if oracle_tau is None:
+        oracle_tau = replay_source(RankOracleSource(), epochs, k, mode, max_epoch)["tau"]
+    return analysis.report(tau, oracle_tau)
+
+
 def ratios(result: dict, target: float = 1.2) -> Dict[str, Optional[float]]:
     """rhyme against the best baseline and the ceilings; `target_tau` is `target` times the best
     baseline's tau, and `target/<ceiling>` says how much of each ceiling that would take."""
@@ -195,12 +222,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--sources", default=",".join(ALL_SOURCES), help="comma-separated list")
     ap.add_argument("--max-epoch", type=int, default=None, help="replay epochs 1..N only")
     ap.add_argument("--backend", choices=("auto", "native", "python"), default="auto")
+    ap.add_argument("--analyze-branches", action="store_true",
+                    help="also report branch points and the rank-oracle ceiling")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     sources = [s.strip() for s in args.sources.split(",") if s.strip()]
-    result = run(read_trace(args.traces), args.k, args.mode, sources, args.max_epoch, args.backend)
+    records = read_trace(args.traces)
+    result = run(records, args.k, args.mode, sources, args.max_epoch, args.backend)
     result["ratios"] = ratios(result)
     print(format_table(result))
+    if args.analyze_branches:
+        known = result["sources"].get("rhyme-rankoracle", {}).get("tau")
+        result["branches"] = analyze_branches(records, args.k, args.mode, args.max_epoch, known)
+        print(format_report(result["branches"]))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=1)

@@ -50,8 +50,14 @@ class StoreConfig:
     parent, L = tokens the parent spells (matched context + draft path), so one occurrence after a
     long context counts as stronger evidence than one after a short context; paths below
     `min_prob` are not proposed; `max_branch` children at most are considered per node.
-    Weighting: a response contributes `recency * exp(reward_weight * clip(advantage))`, where the
+    Weighting: a response contributes `recency * exp(coef * clip(advantage))`, where the
     advantage is group-relative (same prompt, same epoch), and recency is `epoch_decay ** age`.
+    `reward_rule="fixed"`: coef = `reward_weight`; `"online"`: coef starts at `reward_weight` and,
+    at each epoch close, becomes the grid value that best predicts which history branch the
+    epoch's responses took at branch points (`branching.RewardFit`; at most `reward_fit_tokens`
+    response tokens are examined per epoch). `sibling_rewards="finished"` weights the finished
+    responses of the open epoch by the advantage among its finished, rewarded siblings (a proxy
+    for when the reward is known at finish); `"none"` leaves them neutral until the epoch closes.
     Responses of the open epoch reach the global trie only when the epoch closes unless
     `global_same_epoch` (so in-flight data of one prompt never drafts for another prompt's group).
     `memory_budget` (bytes) bounds `DraftStore.history_bytes()`: prompt and global tries plus
@@ -67,6 +73,9 @@ class StoreConfig:
     epoch_decay: float = 0.6
     history_epochs: Optional[int] = None
     reward_weight: float = 0.5
+    reward_rule: str = "fixed"
+    reward_fit_tokens: int = 65536
+    sibling_rewards: str = "none"
     advantage_clip: float = 2.0
     use_global: bool = True
     global_same_epoch: bool = False
@@ -93,6 +102,11 @@ class StoreConfig:
         if self.history_epochs is not None:
             _check_int("history_epochs", self.history_epochs, 1)
         _check_float("reward_weight", self.reward_weight, 0.0, 10.0)
+        if self.reward_rule not in ("fixed", "online"):
+            raise ValueError(f"reward_rule must be 'fixed' or 'online', got {self.reward_rule!r}")
+        _check_int("reward_fit_tokens", self.reward_fit_tokens, 0)
+        if self.sibling_rewards not in ("none", "finished"):
+            raise ValueError(f"sibling_rewards must be 'none' or 'finished', got {self.sibling_rewards!r}")
         _check_float("advantage_clip", self.advantage_clip, 0.0, 10.0)
         _check_float("min_prob", self.min_prob, 0.0, 1.0)
         _check_float("prior", self.prior, 0.0, 1e6)

@@ -25,11 +25,18 @@ class _Node:
         self.weight = 0
 
 
-def _top_children(node: _Node, max_branch: int):
-    items = node.children.items()
-    if len(node.children) <= max_branch:
-        return sorted(items, key=lambda kv: (-kv[1].weight, kv[0]))
-    return heapq.nsmallest(max_branch, items, key=lambda kv: (-kv[1].weight, kv[0]))
+def _top_children(node: _Node, max_branch: int, prefer: int = -1):
+    """(token, child, weight) of the `max_branch` heaviest children (weight desc, token asc).
+    With `prefer` a child's token, that child trades weights with the heaviest child first."""
+    items = [(tok, c, c.weight) for tok, c in node.children.items()]
+    if prefer in node.children:
+        top = min(items, key=lambda it: (-it[2], it[0]))
+        pref = node.children[prefer]
+        swap = {top[0]: pref.weight, prefer: top[2]}
+        items = [(tok, c, swap.get(tok, w)) for tok, c, w in items]
+    if len(items) <= max_branch:
+        return sorted(items, key=lambda it: (-it[2], it[0]))
+    return heapq.nsmallest(max_branch, items, key=lambda it: (-it[2], it[0]))
 
 
 class PySuffixTrie:
@@ -115,7 +122,8 @@ class PySuffixTrie:
         return node.count, node.weight
 
     def draft(self, context: Sequence[int], max_pattern: int, budget: int, min_prob: float,
-              max_branch: int, prior: float = 0.0, prior_decay: float = 1.0) -> DraftTuple:
+              max_branch: int, prior: float = 0.0, prior_decay: float = 1.0,
+              prefer: Sequence[int] = ()) -> DraftTuple:
         """Best-first draft after the longest suffix of `context` (<= max_pattern) with children.
 
         Returns (token_ids, parents, path_probs, score, match_len); empty when nothing matches.
@@ -125,6 +133,9 @@ class PySuffixTrie:
         certain) and L the number of tokens the parent spells (matched context + draft path: one
         occurrence after a long context is stronger evidence); nodes are taken in order of path
         probability (ties: first pushed first) while it is >= min_prob, up to `budget` nodes.
+        `prefer` (hindsight, for the replay's branch-ranking oracle only; the native trie has no
+        such argument): along the path that spells `prefer` from the matched node, the child it
+        continues with trades weights with the heaviest sibling, so it ranks first.
         """
         best, match_len = None, 0
         ctx_len = len(context)
@@ -146,21 +157,23 @@ class PySuffixTrie:
         heap: list = []
         seq_no = 0
 
-        def push(node: _Node, parent_idx: int, base: float, length: int) -> None:
+        def push(node: _Node, parent_idx: int, base: float, length: int, on: int) -> None:
             nonlocal seq_no
             total = sum(c.weight for c in node.children.values())
             support = sum(c.count for c in node.children.values())
             eff_prior = prior * prior_decay ** float(length)
             conf = float(support) / (float(support) + eff_prior)
-            for tok, child in _top_children(node, max_branch):
-                cond = float(child.weight) / float(total) * conf
-                heapq.heappush(heap, (-(base * cond), seq_no, tok, parent_idx, child, length + 1))
+            want = prefer[on] if 0 <= on < len(prefer) else -1
+            for tok, child, weight in _top_children(node, max_branch, want):
+                cond = float(weight) / float(total) * conf
+                nxt = on + 1 if tok == want else -1
+                heapq.heappush(heap, (-(base * cond), seq_no, tok, parent_idx, child, length + 1, nxt))
                 seq_no += 1
 
-        push(best, -1, 1.0, match_len)
+        push(best, -1, 1.0, match_len, 0)
         score = 0.0
         while heap and len(tokens) < budget:
-            neg, _, tok, parent_idx, node, length = heapq.heappop(heap)
+            neg, _, tok, parent_idx, node, length, on = heapq.heappop(heap)
             prob = -neg
             if prob < min_prob:
                 break
@@ -169,7 +182,7 @@ class PySuffixTrie:
             probs.append(prob)
             score += prob
             if node.children:
-                push(node, len(tokens) - 1, prob, length)
+                push(node, len(tokens) - 1, prob, length, on)
         return tokens, parents, probs, score, match_len
 
     def estimate_memory(self) -> int:

@@ -9,6 +9,7 @@ from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from . import weights as W
+from .branching import RewardFit
 from .config import StoreConfig
 from .combine import mix_draft_py
 from .draft import Draft
@@ -53,6 +54,8 @@ class DraftStore(HistoryUpkeep):
         self._pending_global: List[ResponseRecord] = []
         self._trie_bytes = self._global.estimate_memory()
         self._streams = itertools.count()  # live-trie stream ids of requests
+        self.reward_coef = self.config.reward_weight
+        self._reward_fit = RewardFit(self.reward_coef) if self.config.reward_rule == "online" else None
 
     # ----------------------------------------------------------------- lifecycle
     def start_request(self, request_id: str, prompt_token_ids: Sequence[int],
@@ -178,6 +181,8 @@ class DraftStore(HistoryUpkeep):
 
     def advance_epoch(self) -> int:
         """Close the current epoch: finalize reward weights, apply the history window."""
+        if self._reward_fit is not None:
+            self._refit_reward()
         self.epoch += 1
         self._dirty_closed |= {g for g in self._dirty_open if g[1] < self.epoch}
         self._dirty_open = {g for g in self._dirty_open if g[1] >= self.epoch}
@@ -211,7 +216,7 @@ class DraftStore(HistoryUpkeep):
         max_branch = cfg.max_branch if max_branch is None else max_branch
         if not 0.0 <= min_prob <= 1.0 or max_branch < 1:
             raise ValueError(f"need 0 <= min_prob <= 1 and max_branch >= 1, got {min_prob}, {max_branch}")
-        if self._dirty_closed:
+        if self._needs_flush:
             self._flush()
         budget = min(max_tokens, req.window.size)
         best = Draft()

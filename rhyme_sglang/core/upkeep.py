@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from array import array
 from typing import Optional
 
 from . import weights as W
+from .branching import observe_epoch
 from .history import PromptHistory, ResponseRecord
 
 logger = logging.getLogger(__name__)
@@ -73,20 +75,45 @@ class HistoryUpkeep:
         self._mark_dirty(ph.key, epoch)
         return rec
 
+    @property
+    def _needs_flush(self) -> bool:
+        return bool(self._dirty_closed) or (self.config.sibling_rewards == "finished"
+                                            and bool(self._dirty_open))
+
     def _flush(self) -> None:
-        """Recompute reward factors of closed groups whose rewards or members changed."""
+        """Recompute reward factors of closed groups whose rewards or members changed (and of
+        open groups too with `sibling_rewards="finished"`)."""
         cfg = self.config
-        for key, epoch in sorted(self._dirty_closed):
+        groups = set(self._dirty_closed)
+        if cfg.sibling_rewards == "finished":
+            groups |= self._dirty_open
+            self._dirty_open.clear()
+        for key, epoch in sorted(groups):
             ph = self._prompts.get(key)
             group = ph.records.get(epoch, []) if ph is not None else []
             adv = W.group_advantages({i: r.reward for i, r in enumerate(group)})
             for i, rec in enumerate(group):
-                rec.factor = W.reward_factor(adv[i], cfg.reward_weight, cfg.advantage_clip)
+                rec.factor = W.reward_factor(adv[i], self.reward_coef, cfg.advantage_clip)
                 new = W.response_weight(rec.factor, rec.epoch, self.epoch_origin, cfg.epoch_decay)
                 if new != rec.weight:
                     self._apply(rec, 0, new - rec.weight)
                     rec.weight = new
         self._dirty_closed.clear()
+
+    def _refit_reward(self) -> None:
+        """`reward_rule="online"`, at the close of the open epoch: update the reward coefficient
+        from the branch choices of the epoch's responses; a new coefficient re-weights every
+        closed group at the next flush."""
+        cfg, t0 = self.config, time.perf_counter()
+        walked = observe_epoch(self._reward_fit, list(self._prompts.values()), self.epoch,
+                               cfg.epoch_decay, cfg.advantage_clip, cfg.max_pattern,
+                               cfg.reward_fit_tokens)
+        coef = self._reward_fit.close_epoch()
+        logger.info("reward fit at epoch %d: coef %.2f (%d tokens, %.0f branch points, %.2f s)",
+                    self.epoch, coef, walked, self._reward_fit.points, time.perf_counter() - t0)
+        if coef != self.reward_coef:
+            self.reward_coef = coef
+            self._dirty_closed |= {(ph.key, e) for ph in self._prompts.values() for e in ph.records}
 
     def _rebase(self) -> None:
         """Move the epoch origin forward and rebuild the tries with the smaller weights."""

@@ -68,3 +68,28 @@ def test_oracle_ceilings_by_hand(extended):
     # plain: step 1 drafts 5 6 7 (context 9), bonus 1, then 2 3 4 one per step: 7 tokens / 4 steps;
     # extended: after the bonus 1, "1 2 3 4" occurs in the prompt: 7 tokens / 2 steps
     assert result["tau"] == pytest.approx(7 / 2 if extended else 7 / 4)
+
+
+def test_branch_analysis_and_rank_oracle(tmp_path):
+    """The rank oracle only re-ranks siblings, so it never does worse than rhyme (and drafts like
+    it when there is nothing to re-rank); the analysis finds branch points on the dev trace."""
+    records = [r for r in read_trace(TRACE) if r.epoch <= 1 and r.prompt_id in _first_prompts(3)]
+    small = tmp_path / "small.jsonl"
+    write_trace(str(small), records)
+    out = tmp_path / "b.json"
+    assert replay.main(["--traces", str(small), "--k", "8", "--json", str(out), "--analyze-branches",
+                        "--sources", "rhyme,rhyme-online,rhyme-w0.25,rhyme-rankoracle"]) == 0
+    result = json.loads(out.read_text())
+    tau = {name: s["tau"] for name, s in result["sources"].items()}
+    rep = result["branches"]
+    assert rep["tau"] == pytest.approx(tau["rhyme"])          # the analysis replays plain rhyme
+    assert rep["tau_rank_oracle"] == pytest.approx(tau["rhyme-rankoracle"])
+    assert tau["rhyme-rankoracle"] >= tau["rhyme"]
+    assert 0 < rep["branch_points"] and rep["reference_takes_a_branch"] <= rep["branch_points"]
+    assert rep["steps_with_branch_point"] <= rep["steps"]
+    assert sum(c["n"] for c in rep["by_advantage_difference"].values()) == rep["reference_takes_a_branch"]
+    assert rep["fit"]["best_coef"] in (-0.5, 0.0, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0)
+
+
+def _first_prompts(n):
+    return sorted({r.prompt_id for r in read_trace(TRACE)})[:n]
