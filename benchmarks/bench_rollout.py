@@ -194,6 +194,8 @@ def main(argv=None) -> int:
                         help="run only the ordering comparison (base model weights)")
     parser.add_argument("--modes", default="vanilla,ngram,rhyme")
     parser.add_argument("--lr", type=float, default=2e-5)
+    parser.add_argument("--dtype", default="auto",
+                        help="auto (measured: bf16 only where native) | float32 | bfloat16")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None)
     parser.add_argument("--workdir", default=None)
@@ -207,7 +209,9 @@ def main(argv=None) -> int:
     from rl_driver.trainer import Trainer
 
     model_path = resolve_model_path(args.model)
-    dtype = "float32" if args.model == "tiny" else "bfloat16"
+    from rhyme_sglang.machine import resolve_dtype
+
+    dtype = resolve_dtype(args.dtype)
     args.workdir = args.workdir or tempfile.mkdtemp(prefix="bench-rollout-")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if modes[0] != "vanilla":

@@ -53,19 +53,24 @@ def main(argv=None) -> int:
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--dtype", default="auto",
+                        help="auto (measured: bf16 only where native) | float32 | bfloat16")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
 
+    from rhyme_sglang.machine import cpu_flags, resolve_dtype
     from rhyme_sglang.models import resolve_model_path
     from rhyme_sglang.server_process import ServerProcess as Server
 
     model_path = resolve_model_path(args.model)
     prompts = _prompts(model_path)
     batches = [int(b) for b in args.batches.split(",")]
-    report = {"model": args.model, "max_new_tokens": args.max_new_tokens, "modes": {}}
+    dtype = resolve_dtype(args.dtype)
+    report = {"model": args.model, "dtype": dtype, "cpu_flags": cpu_flags(),
+              "max_new_tokens": args.max_new_tokens, "modes": {}}
     for mode, flags in MODES.items():
         log = Path(f"/tmp/bench_serving_{mode}.log")
-        srv = Server(["--model-path", model_path, *flags], str(log))
+        srv = Server(["--model-path", model_path, "--dtype", dtype, *flags], str(log))
         started = time.perf_counter()
         try:
             srv.wait_ready(timeout=300)

@@ -3,7 +3,9 @@
 Accepts every ``sglang.launch_server`` flag. On a CPU-only machine it adds the CPU settings
 the user did not give (device, intel_amx attention, memory, threads); it always binds to
 127.0.0.1 unless ``--host`` is given, resolves the model aliases ``smollm2``/``tiny``, and
-installs the request validation and ``/rhyme/*`` routes before serving. Snapshot paths
+installs the request validation and ``/rhyme/*`` routes before serving. ``--dtype`` absent or
+``auto`` is decided by measurement (:mod:`rhyme_sglang.machine`); ``--cpu-threads N`` (ours)
+sets the scheduler's compute threads. Snapshot paths
 (``--rhyme-snapshot-path``, ``/rhyme/save``, ``/rhyme/load``) resolve inside
 ``--rhyme-snapshot-dir``; without an admin key, a non-loopback ``--host`` gets a warning.
 """
@@ -39,10 +41,42 @@ def _flag_value(argv: list[str], flag: str, default: str) -> str:
     return default
 
 
-def prepare_argv(argv: list[str], cpu_only: bool) -> list[str]:
-    """Resolve the model alias and add defaults for flags the user did not pass."""
-    argv = list(argv)
+def _pop_flag(argv: list[str], flag: str) -> tuple[str | None, list[str]]:
+    """The value of ``flag`` (``--flag V`` or ``--flag=V``) and ``argv`` without it."""
+    value, rest, i = None, [], 0
+    while i < len(argv):
+        if argv[i] == flag:
+            if i + 1 >= len(argv):
+                raise ValueError(f"{flag} needs a value")
+            value, i = argv[i + 1], i + 2
+            continue
+        if argv[i].startswith(flag + "="):
+            value = argv[i].split("=", 1)[1]
+        else:
+            rest.append(argv[i])
+        i += 1
+    return value, rest
+
+
+def pop_cpu_threads(argv: list[str]) -> tuple[int | None, list[str]]:
+    """``--cpu-threads N`` (ours): the scheduler's compute threads; None when absent/auto."""
+    value, argv = _pop_flag(argv, "--cpu-threads")
+    if value in (None, "auto", "0"):
+        return None, argv
+    if not value.isdigit():
+        raise ValueError(f"--cpu-threads must be a positive int or 'auto', got {value!r}")
+    return int(value), argv
+
+
+def prepare_argv(argv: list[str], cpu_only: bool, dtype_resolver=None) -> list[str]:
+    """Resolve the model alias and ``--dtype auto`` (also when absent: the measured choice of
+    ``dtype_resolver``, default :func:`rhyme_sglang.machine.resolve_dtype`), and add defaults
+    for flags the user did not pass."""
+    from rhyme_sglang.machine import resolve_dtype
     from rhyme_sglang.models import resolve_model_path
+
+    dtype, argv = _pop_flag(list(argv), "--dtype")
+    argv += ["--dtype", (dtype_resolver or resolve_dtype)(dtype or "auto")]
 
     for i, arg in enumerate(argv):
         if arg in ("--model-path", "--model") and i + 1 < len(argv):
@@ -80,7 +114,8 @@ def main(argv: list[str] | None = None) -> None:
 
     check_sglang_version()
     cpu_only = on_cpu_only_machine()
-    apply_cpu_defaults({})
+    threads, argv = pop_cpu_threads(argv)
+    apply_cpu_defaults({"cpu_threads": threads})
     rhyme_config, argv = RhymeConfig.pop_from_argv(argv)
     argv = prepare_argv(argv, cpu_only)
     snapshot_root = rhyme_config.snapshot_root()

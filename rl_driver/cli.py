@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--epochs", type=int, help="override loop.epochs")
     train.add_argument("--set", action="append", default=[], type=_parse_override,
                        metavar="SECTION.KEY=VALUE", help="override any config key (repeatable)")
-    train.add_argument("--no-progress", action="store_true", help="no progress bar")
+    train.add_argument("--no-progress", action="store_true", help="no progress bars")
     report = sub.add_parser("report", help="(re)write runs/<name>/report.md from its metrics")
     report.add_argument("run_dir")
     return parser
@@ -43,14 +43,70 @@ def overrides_from(args) -> Dict[str, Any]:
     return out
 
 
-def train(config, resume: bool = False, progress: bool = True, echo=None) -> List[Dict[str, Any]]:
-    """Run the loop with a tqdm bar over epochs; ``echo(metrics, first)`` prints a line."""
+class PhaseBars:
+    """The CLI's progress sink: a tqdm bar per phase of an epoch (rollout requests with tok/s,
+    train micro-batches) and a line for the weight sync."""
+
+    def __init__(self, nested: bool):
+        self.nested = nested  # under an epoch bar: bars on line 2, removed when done
+        self._bar = None
+        self._phase = ""
+
+    def _show(self, phase: str, done: int, total: int, unit: str, postfix: str = "") -> None:
+        from tqdm import tqdm
+
+        if self._bar is None or self._phase != phase or self._bar.total != total:
+            self.close()
+            self._bar = tqdm(total=total, desc=f"  {phase}", unit=unit, leave=not self.nested,
+                             position=1 if self.nested else None, mininterval=0.5)
+            self._phase = phase
+        self._bar.n = done
+        if postfix:
+            self._bar.set_postfix_str(postfix, refresh=False)
+        self._bar.refresh()
+        if done >= total:
+            self.close()
+
+    def rollout(self, done: int, total: int, tokens: int, elapsed_s: float) -> None:
+        self._show("rollout", done, total, "req", f"{tokens / max(elapsed_s, 1e-9):.0f} tok/s")
+
+    def train(self, done: int, total: int) -> None:
+        self._show("train", done, total, "micro-batch")
+
+    def sync(self, seconds) -> None:
+        from tqdm import tqdm
+
+        self.close()
+        if seconds is not None and not self.nested:
+            tqdm.write(f"  sync: {seconds:.1f}s")
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+def startup_line(config) -> str:
+    """What a resolved config runs with, and why (printed at start by the CLIs)."""
+    from rhyme_sglang.machine import describe_machine
+
+    return f"{config.name}: {config.machine_summary()} ({describe_machine()})"
+
+
+def train(config, resume: bool = False, progress: bool = True, echo=None,
+          phases: bool = True) -> List[Dict[str, Any]]:
+    """Run the loop with a tqdm bar over epochs (``progress``) and bars inside each epoch
+    (``phases``); ``echo(metrics, first)`` prints a line per epoch. Prints the chosen dtype
+    and threads first."""
     from tqdm import tqdm
 
     from rl_driver.loop import run
     from rl_driver.report import write_report
 
+    config = config.resolved()
+    print(startup_line(config), flush=True)
     bar = tqdm(total=config.loop.epochs, desc=config.name, unit="epoch", disable=not progress)
+    sink = PhaseBars(nested=progress) if phases else None
     first: Dict[str, Any] = {}
 
     def on_epoch(metrics):
@@ -61,8 +117,10 @@ def train(config, resume: bool = False, progress: bool = True, echo=None) -> Lis
             echo(metrics, first["m"])
 
     try:
-        results = run(config, resume=resume, on_epoch=on_epoch)
+        results = run(config, resume=resume, on_epoch=on_epoch, progress=sink)
     finally:
+        if sink is not None:
+            sink.close()
         bar.close()
     if config.loop.report:
         write_report(config.run_dir, title=f"rhyme-rl run '{config.name}'")
@@ -87,7 +145,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ConfigError as exc:
         print(f"rhyme-rl: bad config: {exc}", file=sys.stderr)
         return 2
-    train(config, resume=args.resume, progress=not args.no_progress)
+    train(config, resume=args.resume, progress=not args.no_progress, phases=not args.no_progress)
     print(f"run written to {config.run_dir}")
     return 0
 

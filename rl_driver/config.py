@@ -27,7 +27,8 @@ class EngineConfig:
     """How each rollout engine is started."""
 
     num_engines: int = 1
-    dtype: str = "bfloat16"
+    dtype: str = "auto"  # auto = measured (rhyme_sglang.machine): bf16 only where native
+    cpu_threads: int = 0  # scheduler compute threads per engine; 0 = the machine's rule
     rhyme: bool = True
     speculative_num_draft_tokens: int = 8
     rhyme_schedule_policy: str = "lpt"
@@ -39,8 +40,10 @@ class EngineConfig:
     def __post_init__(self):
         _check(isinstance(self.num_engines, int) and self.num_engines >= 1,
                "engine.num_engines", self.num_engines, "must be an int >= 1")
-        _check(self.dtype in ("bfloat16", "float32", "float16"), "engine.dtype", self.dtype,
-               "must be bfloat16, float16 or float32")
+        _check(self.dtype in ("auto", "bfloat16", "float32", "float16"), "engine.dtype",
+               self.dtype, "must be auto, bfloat16, float16 or float32")
+        _check(isinstance(self.cpu_threads, int) and self.cpu_threads >= 0, "engine.cpu_threads",
+               self.cpu_threads, "must be an int >= 0 (0 = the machine's rule)")
         _check(isinstance(self.rhyme, bool), "engine.rhyme", self.rhyme, "must be true or false")
         _check(isinstance(self.speculative_num_draft_tokens, int)
                and 1 <= self.speculative_num_draft_tokens <= 64,
@@ -52,7 +55,8 @@ class EngineConfig:
     def server_args(self, model_path: str) -> Dict[str, Any]:
         """Keyword arguments for ``rhyme_sglang.Engine``."""
         args: Dict[str, Any] = dict(
-            model_path=model_path, dtype=self.dtype, log_level="warning",
+            model_path=model_path, dtype=self.dtype, cpu_threads=self.cpu_threads or None,
+            log_level="warning",
             max_total_tokens=self.max_total_tokens, mem_fraction_static=self.mem_fraction_static,
             sleep_on_idle=self.sleep_on_idle,
         )
@@ -114,6 +118,7 @@ class TaskConfig:
     target_token_id: int = -1  # target_token task: the target; -1 = ids divisible by modulus
     target_modulus: int = 4
     prompt_length: int = 8  # target_token task: random prompt length
+    prompt_style: str = "default"  # rl_driver.tasks.PROMPT_STYLES: instruction + few-shot turns
 
     def __post_init__(self):
         _check(self.kind in ("reasoning_gym", "target_token"), "task.kind", self.kind,
@@ -140,7 +145,7 @@ class TrainConfig:
     clip_eps_high: float = 0.28
     kl_coef: float = 0.0
     dtype: str = "float32"
-    autocast_bf16: bool = False
+    autocast_bf16: Any = "auto"  # true | false | auto (= bf16 where the machine computes it natively)
     adv_eps: float = 1e-6
     old_logprobs: str = "rollout"  # rollout (engine logprobs) | recompute (trainer forward)
     num_threads: int = 0  # torch threads in the trainer; 0 = all cores (engines idle meanwhile)
@@ -163,6 +168,9 @@ class TrainConfig:
                self.num_threads, "must be an int >= 0")
         _check(self.dtype in ("float32", "bfloat16"), "train.dtype", self.dtype,
                "must be float32 or bfloat16")
+        _check(self.autocast_bf16 is True or self.autocast_bf16 is False
+               or self.autocast_bf16 == "auto", "train.autocast_bf16", self.autocast_bf16,
+               "must be true, false or auto")
 
 
 @dataclass(frozen=True)
@@ -228,6 +236,33 @@ class RunConfig:
 
     def replace(self, **changes) -> "RunConfig":
         return dataclasses.replace(self, **changes)
+
+    def resolved(self, engine_dtype=None, cores=None) -> "RunConfig":
+        """This config with the machine's choices made concrete: ``engine.dtype: auto`` (by
+        ``engine_dtype(requested)``, default the measured :func:`rhyme_sglang.machine.resolve_dtype`),
+        ``train.autocast_bf16: auto`` (true iff auto picks bf16), ``engine.cpu_threads: 0`` and
+        ``train.num_threads: 0`` (the thread rules on ``cores`` usable cores). Idempotent."""
+        from rhyme_sglang import machine
+
+        pick = engine_dtype or machine.resolve_dtype
+        cores = machine.usable_cores() if cores is None else cores
+        dtype = pick(self.engine.dtype)
+        autocast = self.train.autocast_bf16
+        if autocast == "auto":
+            autocast = (dtype if self.engine.dtype == "auto" else pick("auto")) == "bfloat16"
+        threads = machine.choose_scheduler_threads(self.engine.cpu_threads or None, cores,
+                                                   self.engine.num_engines)
+        return self.replace(
+            engine=dataclasses.replace(self.engine, dtype=dtype, cpu_threads=threads),
+            train=dataclasses.replace(
+                self.train, autocast_bf16=autocast,
+                num_threads=machine.choose_trainer_threads(self.train.num_threads, cores)))
+
+    def machine_summary(self) -> str:
+        """One line on a resolved config: the dtype and threads a run uses."""
+        return (f"dtype {self.engine.dtype}, engine threads {self.engine.cpu_threads} x "
+                f"{self.engine.num_engines} engine(s), trainer threads {self.train.num_threads}, "
+                f"trainer autocast bf16 {'on' if self.train.autocast_bf16 else 'off'}")
 
 
 SECTIONS = {"engine": EngineConfig, "rollout": RolloutConfig, "task": TaskConfig,

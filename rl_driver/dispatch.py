@@ -76,12 +76,14 @@ class Dispatcher:
 
     def __init__(self, pool, config: DispatchConfig, tag: str = "",
                  restart: Optional[Callable[[int], None]] = None,
-                 after_submit: Optional[Callable[[], None]] = None):
+                 after_submit: Optional[Callable[[], None]] = None,
+                 on_progress: Optional[Callable[[int, int, int, float], None]] = None):
         self.pool = pool
         self.config = config
         self.tag = tag
         self.restart = restart or pool.restart
         self.after_submit = after_submit  # called once all jobs are in flight (tests, tracing)
+        self.on_progress = on_progress  # (finished, total, tokens, elapsed_s) as jobs finish
         self._pending: Dict[Any, Tuple[Job, int]] = {}  # ref -> (job, actor generation)
         self.generation = [0] * pool.num_engines  # bumped when an engine is restarted
         self._busy: Dict[int, List[Tuple[float, float]]] = {}
@@ -180,6 +182,7 @@ class Dispatcher:
                 self._submit(job, e)
         if self.after_submit is not None:
             self.after_submit()
+        finished = 0
         while self._pending:
             done, _ = ray.wait(list(self._pending), num_returns=len(self._pending),
                                timeout=self.config.poll_interval_s)
@@ -190,7 +193,10 @@ class Dispatcher:
                 except RayActorError as exc:
                     self._on_failure(job, generation, exc)
                     continue
-                self._on_result(job, res, generation)
+                finished += self._on_result(job, res, generation)
+            if done and self.on_progress is not None:
+                self.on_progress(finished, len(jobs), sum(len(j.response_ids) for j in jobs),
+                                 time.time() - start)
             if self.config.migrate and self._pending:
                 self._maybe_migrate()
         end = time.time()

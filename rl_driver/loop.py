@@ -32,6 +32,7 @@ from rl_driver.config import RunConfig
 from rl_driver.dispatch import DispatchConfig, Dispatcher, Job
 from rl_driver.grpo import group_advantages
 from rl_driver.metrics import RunState, TraceLog, append_metrics
+from rl_driver.progress import ProgressSink, wait_train
 from rl_driver.rewards import load_reward_fn
 from rl_driver.tasks import build_prompts
 
@@ -89,11 +90,13 @@ def send_rewards(pool, jobs: List[Job], rewards: Dict[str, float], generation: L
 
 def run(config: RunConfig, resume: bool = False,
         on_epoch: Optional[Callable[[Dict[str, Any]], None]] = None,
-        on_rollout_start: Optional[Callable[[int, Any], None]] = None) -> List[Dict[str, Any]]:
+        on_rollout_start: Optional[Callable[[int, Any], None]] = None,
+        progress: Optional[ProgressSink] = None) -> List[Dict[str, Any]]:
     """Run (or resume) the loop; returns the per-epoch metrics of this invocation.
 
     ``on_epoch(metrics)`` is called after each epoch; ``on_rollout_start(epoch, pool)`` once
-    an epoch's requests are all in flight (fault-injection tests use it)."""
+    an epoch's requests are all in flight (fault-injection tests use it); ``progress`` hears
+    each phase's progress inside an epoch."""
     import ray
     from transformers import AutoTokenizer
 
@@ -102,6 +105,7 @@ def run(config: RunConfig, resume: bool = False,
     from rl_driver.trainer import Trainer
     from rl_driver.weight_sync import WeightSync
 
+    config = config.resolved()  # dtype / threads "auto" -> this machine's measured choice
     run_dir = config.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     state = RunState.load(run_dir) if resume else RunState()
@@ -121,7 +125,7 @@ def run(config: RunConfig, resume: bool = False,
 
     t_start = time.time()
     # num_cpus=0: Ray must not refuse --num-engines N > cores (the OS shares the CPUs)
-    trainer = ray.remote(Trainer).options(num_cpus=0).remote(model_path, config.train, config.seed)
+    trainer = ray.remote(Trainer).options(num_cpus=0, max_concurrency=2).remote(model_path, config.train, config.seed)
     pool = EnginePool(config.engine.server_args(model_path), config.engine.num_engines,
                       rhyme=config.engine.rhyme, snapshot_dir=str(run_dir / "snapshots"))
     ray.get(trainer.ready.remote())
@@ -165,7 +169,8 @@ def run(config: RunConfig, resume: bool = False,
                      for pid in eng for s in range(group)] for eng in assignment]
             dispatcher = Dispatcher(
                 pool, dispatch_config, tag=f"{config.name}/e{epoch}/", restart=restart,
-                after_submit=(lambda: on_rollout_start(epoch, pool)) if on_rollout_start else None)
+                after_submit=(lambda: on_rollout_start(epoch, pool)) if on_rollout_start else None,
+                on_progress=progress.rollout if progress else None)
             rollout = dispatcher.run(jobs)
             done = sorted(rollout.jobs, key=lambda j: (ids.index(j.prompt_id), j.sample))
 
@@ -184,11 +189,15 @@ def run(config: RunConfig, resume: bool = False,
             samples = [{"prompt_ids": j.prompt_ids, "response_ids": j.response_ids,
                         "logprobs": j.logprobs, "advantage": float(a)}
                        for j, a in zip(done, advantages)]
-            train_metrics = ray.get(trainer.train_step.remote(samples))
+            train_metrics = wait_train(trainer, trainer.train_step.remote(samples), progress)
 
             # 6. sync weights (the engines' history epoch advances with the new weights)
             state.weight_version = int(train_metrics["version"])
+            if progress:
+                progress.sync(None)
             sync_s = sync.sync(state.weight_version)
+            if progress:
+                progress.sync(sync_s)
 
             # 7. snapshot, checkpoint, metrics, trace
             pool.snapshot_all()

@@ -4,6 +4,11 @@
 runs ``num_minibatches`` AdamW steps (gradient accumulation over micro-batches, token-mean
 loss, gradient clipping) with the clipped-ratio loss of :mod:`rl_driver.grpo` and an optional
 KL to a frozen reference copy. Weight export helpers serve :mod:`rl_driver.weight_sync`.
+``train_progress()`` reports ``(micro-batches done, total)`` of the step in flight (the actor
+runs with two threads so the driver can poll it while ``train_step`` runs).
+
+Threads: ``num_threads`` 0 = every usable core; ``autocast_bf16: auto`` = on only where
+:func:`rhyme_sglang.machine.resolve_dtype` picks bf16 (native bf16 GEMMs).
 """
 
 from __future__ import annotations
@@ -39,9 +44,15 @@ class Trainer:
     def __init__(self, model_path: str, config: TrainConfig, seed: int = 0):
         from transformers import AutoModelForCausalLM
 
-        torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
+        from rhyme_sglang.machine import choose_trainer_threads, resolve_dtype, usable_cores
+
+        self.num_threads = choose_trainer_threads(config.num_threads, usable_cores())
+        torch.set_num_threads(self.num_threads)
         torch.manual_seed(seed)
         self.config = config
+        self.autocast = (config.autocast_bf16 if isinstance(config.autocast_bf16, bool)
+                         else resolve_dtype("auto") == "bfloat16")
+        self._progress = (0, 0)
         self.model_path = model_path
         dtype = getattr(torch, config.dtype)
         self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
@@ -59,12 +70,16 @@ class Trainer:
     def ready(self) -> int:
         return self.version
 
+    def train_progress(self) -> Tuple[int, int]:
+        """(micro-batches done, micro-batches in total) of the current or last ``train_step``."""
+        return self._progress
+
     # ---- GRPO ------------------------------------------------------------------------------
     def _response_logprobs(self, model, ids: torch.Tensor, mask: torch.Tensor,
                            width: int) -> torch.Tensor:
         """Logprobs of the last ``width`` tokens of each left-padded row."""
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.config.autocast_bf16)
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast)
         with autocast:
             logits = model(input_ids=ids, attention_mask=mask, position_ids=positions,
                            logits_to_keep=width + 1).logits
@@ -103,6 +118,7 @@ class Trainer:
     def train_step(self, samples: List[Dict[str, Any]]) -> Dict[str, float]:
         """GRPO update on ``samples`` (responses with no tokens are skipped)."""
         t0 = time.time()
+        torch.set_num_threads(self.num_threads)  # OpenMP's count is per thread; actor threads vary
         cfg = self.config
         samples = [s for s in samples if len(s["response_ids"]) > 0]
         if not samples:
@@ -113,6 +129,8 @@ class Trainer:
             rollout_diff = sum(abs(a - b) for s in samples
                                for a, b in zip(s["logprobs"], s["rollout_logprobs"]))
         minibatches = [samples[i::cfg.num_minibatches] for i in range(cfg.num_minibatches)]
+        done, total = 0, sum(-(-len(m) // cfg.micro_batch_size) for m in minibatches)
+        self._progress = (done, total)
         totals = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "ratio_mean": 0.0,
                   "grad_norm": 0.0, "logprob_abs_diff": 0.0}
         steps = 0
@@ -132,6 +150,8 @@ class Trainer:
                 for k in ("clip_frac", "kl", "ratio_mean"):
                     totals[k] += stats[k]
                 totals["logprob_abs_diff"] += float(((logp.detach() - old).abs() * resp_mask).sum())
+                done += 1
+                self._progress = (done, total)
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
             self.optimizer.step()
             totals["grad_norm"] += float(grad_norm)

@@ -46,7 +46,12 @@ def activate() -> None:
 
 
 def configure_environment(env: dict | None = None) -> dict:
-    """Environment variables sglang needs on a CPU-only machine (set if unset)."""
+    """Environment variables sglang needs on a CPU-only machine (set if unset).
+
+    ``OMP_NUM_THREADS=1`` keeps the tokenizer and detokenizer processes to one thread each;
+    the scheduler sets its own compute threads (``torch.set_num_threads`` in
+    :func:`rhyme_sglang.sglang_ext.process.run_scheduler_process`, see
+    :func:`rhyme_sglang.machine.choose_scheduler_threads`)."""
     env = os.environ if env is None else env
     env.setdefault("SGLANG_USE_CPU_ENGINE", "1")
     env.setdefault("OMP_NUM_THREADS", "1")

@@ -22,7 +22,15 @@ def on_cpu_only_machine() -> bool:
 
 
 def apply_cpu_defaults(kwargs: dict) -> dict:
-    """Fill CPU settings into engine kwargs (user-given keys win); set the CPU env vars."""
+    """Fill CPU settings into engine kwargs (user-given keys win); set the CPU env vars.
+
+    ``cpu_threads`` (ours, not sglang's) is the scheduler's compute threads, handed to the
+    spawned scheduler through ``RHYME_CPU_THREADS`` (None/absent: the machine's rule, see
+    :func:`rhyme_sglang.machine.choose_scheduler_threads`)."""
+    kwargs = dict(kwargs)
+    from rhyme_sglang.machine import export_scheduler_threads
+
+    export_scheduler_threads(kwargs.pop("cpu_threads", None))
     if not on_cpu_only_machine():
         return kwargs
     from rhyme_sglang import cpu_backend

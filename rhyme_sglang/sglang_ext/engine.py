@@ -3,13 +3,16 @@
 On a CPU-only machine it fills in the CPU settings (device, intel_amx attention, memory,
 threads) and makes sure the CPU backend reaches the spawned scheduler process through
 sglang's ``run_scheduler_process_func`` seam. Model aliases ``smollm2``/``tiny`` resolve to
-prepared folders.
+prepared folders. ``dtype`` absent or ``"auto"`` is decided by measurement
+(:func:`rhyme_sglang.machine.resolve_dtype`: bf16 only where this machine computes it
+natively, else fp32; bf16 with CUDA); ``cpu_threads=N`` sets the scheduler's compute threads.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from rhyme_sglang.machine import resolve_dtype
 from rhyme_sglang.models import resolve_model_path
 from rhyme_sglang.sglang_ext import check_sglang_version
 from rhyme_sglang.sglang_ext.cpu_defaults import apply_cpu_defaults
@@ -38,6 +41,7 @@ class Engine(_SGLangEngine):
         if "model_path" not in kwargs:
             raise ValueError("Engine needs model_path (a folder, or the alias 'smollm2'/'tiny')")
         kwargs["model_path"] = resolve_model_path(kwargs["model_path"])
+        kwargs["dtype"] = resolve_dtype(kwargs.get("dtype", "auto"))
         self.rhyme_config = RhymeConfig.pop_from_kwargs(kwargs)
         self._rhyme = None
         algo = kwargs.get("speculative_algorithm")

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 
 def run_scheduler_process(*args, **kwargs):
-    """Activate the CPU backend in this fresh process, then run sglang's scheduler."""
-    from rhyme_sglang.sglang_ext.cpu_defaults import apply_cpu_defaults
+    """Activate the CPU backend and set the compute threads in this fresh process, then run
+    sglang's scheduler."""
+    from rhyme_sglang.sglang_ext.cpu_defaults import apply_cpu_defaults, on_cpu_only_machine
 
     apply_cpu_defaults({})
+    if on_cpu_only_machine():
+        from rhyme_sglang.machine import set_scheduler_threads
+
+        set_scheduler_threads()
     from sglang.srt.managers.scheduler import run_scheduler_process as _run
 
     return _run(*args, **kwargs)

@@ -70,3 +70,34 @@ def test_cli_reports_bad_config(tmp_path, capsys):
     cfg.write_text("rollout:\n  temperature: -1\n")
     assert main(["train", "--config", str(cfg)]) == 2
     assert "rollout.temperature" in capsys.readouterr().err
+
+
+def _pick(fast_bf16: bool):
+    return lambda requested: requested if requested != "auto" else (
+        "bfloat16" if fast_bf16 else "float32")
+
+
+def test_auto_dtype_autocast_and_threads_resolve_by_machine():
+    cfg = load_config(str(CONFIGS / "demo.yaml"))
+    assert cfg.engine.dtype == "auto" and cfg.train.autocast_bf16 == "auto"
+    slow = cfg.resolved(engine_dtype=_pick(False), cores=2)
+    assert slow.engine.dtype == "float32" and slow.train.autocast_bf16 is False
+    assert slow.engine.cpu_threads == 1 and slow.train.num_threads == 2
+    assert slow.engine.server_args("/m")["dtype"] == "float32"
+    fast = cfg.resolved(engine_dtype=_pick(True), cores=16)
+    assert fast.engine.dtype == "bfloat16" and fast.train.autocast_bf16 is True
+    assert fast.engine.cpu_threads == 7 and fast.train.num_threads == 16
+    assert fast.resolved(engine_dtype=_pick(False), cores=2) == fast  # concrete values stay
+
+
+def test_explicit_dtype_autocast_and_threads_win():
+    cfg = config_from_dict({"engine": {"dtype": "float32", "cpu_threads": 3},
+                            "train": {"autocast_bf16": False, "num_threads": 1}})
+    out = cfg.resolved(engine_dtype=_pick(True), cores=16)
+    assert out.engine.dtype == "float32" and out.train.autocast_bf16 is False
+    assert out.engine.cpu_threads == 3 and out.train.num_threads == 1
+    assert out.engine.server_args("/m")["cpu_threads"] == 3
+    with pytest.raises(ConfigError, match="'train.autocast_bf16'.*yes"):
+        config_from_dict({"train": {"autocast_bf16": "yes"}})
+    with pytest.raises(ConfigError, match="'engine.cpu_threads'.*-1"):
+        config_from_dict({"engine": {"cpu_threads": -1}})

@@ -1,0 +1,280 @@
+"""Our CPU engine against HF ``generate``, its verify/plain step costs, and this machine's roofline.
+
+One run, side by side (same model, same dtype, greedy, same random prompts of ``--prompt-len``
+tokens, ``--max-new-tokens`` tokens each with ignore_eos):
+
+1. HF transformers ``generate`` at batch 1, 8, 32 (in this process, the engine's threads);
+2. a vanilla ``python -m rhyme_sglang.launch_server``: tok/s at batch 1, 8, 32, and the plain
+   decode step time at batch 1..32 (a full round minus a one-token round, per step);
+3. a RHYME server (``--verify-width``-token drafts): for each batch a history round, then the
+   same prompts again (perfect history); verify/plain from its ``/rhyme/stats`` cost model;
+4. the roofline, measured here with the engine's threads: stream bandwidth (a large copy) and
+   the time of the model's linear layers at each row count (GEMMs on the real shapes, weights
+   hot in cache). A step's bound is max(weight bytes / bandwidth, GEMM time); attention and
+   sampling are not in it (short contexts here).
+
+    python -m benchmarks.bench_cpu_engine [--model smollm2] [--dtype auto] [--json OUT]
+    python -m benchmarks.bench_cpu_engine --quick   # tiny model smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import time
+from pathlib import Path
+
+PLAIN_BATCHES = (1, 2, 4, 8, 16, 32)
+THROUGHPUT_BATCHES = (1, 8, 32)
+VERIFY_ROOFLINE_BATCHES = (1, 2, 4, 8)
+
+
+def _prompts(vocab: int, count: int, length: int, seed: int) -> list[list[int]]:
+    import random
+
+    rng = random.Random(seed)
+    return [[rng.randrange(100, vocab) for _ in range(length)] for _ in range(count)]
+
+
+# ---- HF generate -----------------------------------------------------------------------------
+def hf_throughput(model_path: str, dtype: str, prompts, batches, new_tokens: int) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).eval()
+
+    def run(batch: int, tokens: int) -> float:
+        ids = torch.tensor(prompts[:batch])
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 max_new_tokens=tokens, min_new_tokens=tokens, pad_token_id=0)
+        elapsed = time.perf_counter() - start
+        assert out.shape[1] - ids.shape[1] == tokens
+        return batch * tokens / elapsed
+
+    run(max(batches), 4)  # warm-up
+    return {str(b): run(b, new_tokens) for b in batches}
+
+
+# ---- servers ---------------------------------------------------------------------------------
+def _round(url: str, prompts, tokens: int) -> tuple[float, int]:
+    from rhyme_sglang.server_process import post
+
+    def one(p):
+        return post(url + "/generate", {"input_ids": p, "sampling_params": {
+            "temperature": 0.0, "max_new_tokens": tokens, "ignore_eos": True}}, timeout=900)
+
+    start = time.perf_counter()
+    with cf.ThreadPoolExecutor(len(prompts)) as pool:
+        results = list(pool.map(one, prompts))
+    elapsed = time.perf_counter() - start
+    bad = [r for r in results if r[0] != 200]
+    if bad:
+        raise RuntimeError(f"generate failed: {bad[0]}")
+    return elapsed, sum(len(r[1]["output_ids"]) for r in results)
+
+
+def vanilla_server(model_path: str, dtype: str, prompts, new_tokens: int) -> dict:
+    """tok/s at THROUGHPUT_BATCHES and seconds per plain decode step at PLAIN_BATCHES."""
+    from rhyme_sglang.server_process import ServerProcess
+
+    srv = ServerProcess(["--model-path", model_path, "--dtype", dtype], "/tmp/bench_cpu_engine_vanilla.log")
+    try:
+        srv.wait_ready(timeout=600)
+        _round(srv.url, prompts[:max(PLAIN_BATCHES)], 8)  # warm-up
+        tok_s, step_s = {}, {}
+        for b in PLAIN_BATCHES:
+            full, tokens = _round(srv.url, prompts[:b], new_tokens)
+            one, _ = _round(srv.url, prompts[:b], 1)
+            step_s[str(b)] = max(full - one, 1e-9) / (new_tokens - 1)
+            if b in THROUGHPUT_BATCHES:
+                tok_s[str(b)] = tokens / full
+        return {"tok_s": tok_s, "plain_step_s": step_s}
+    finally:
+        srv.stop()
+
+
+def step_costs(cost_model: dict, bucket: str, width: int):
+    """(verify, plain) seconds of one bucket of ``/rhyme/stats`` ``cost_model``, either
+    ``{"spec": s, "plain": s}`` or per draft width ``{"0": s, "<width>": s}`` ("0" = plain)."""
+    table = cost_model.get("seconds_per_request_step") or cost_model.get("step_costs") or cost_model
+    row = table.get(bucket) if isinstance(table, dict) else None
+    if not isinstance(row, dict):
+        return None, None
+    plain = row.get("plain", row.get("0"))
+    spec = row.get("spec", row.get(str(width)))
+    if spec is None:  # the widest measured draft width
+        widths = [int(k) for k, v in row.items() if k.isdigit() and int(k) > 0 and v]
+        spec = row[str(max(widths))] if widths else None
+    return spec, plain
+
+
+def rhyme_server(model_path: str, dtype: str, vocab: int, prompt_len: int, new_tokens: int,
+                 width: int, seed: int) -> dict:
+    """verify/plain at PLAIN_BATCHES, each from a history round then a perfect-history round."""
+    from rhyme_sglang.server_process import ServerProcess, get
+
+    srv = ServerProcess(["--model-path", model_path, "--dtype", dtype, "--speculative-algorithm",
+                         "RHYME", "--speculative-num-draft-tokens", str(width)],
+                        "/tmp/bench_cpu_engine_rhyme.log")
+    try:
+        srv.wait_ready(timeout=600)
+        _round(srv.url, _prompts(vocab, 4, prompt_len, seed + 99), 8)  # warm-up
+        ratio, tok_s = {}, {}
+        for b in PLAIN_BATCHES:
+            prompts = _prompts(vocab, b, prompt_len, seed + b)
+            _round(srv.url, prompts, new_tokens)  # history
+            elapsed, tokens = _round(srv.url, prompts, new_tokens)
+            tok_s[str(b)] = tokens / elapsed
+            status, stats = get(srv.url + "/rhyme/stats")
+            if status != 200:
+                raise RuntimeError(f"/rhyme/stats: {status} {stats}")
+            spec, plain = step_costs(stats.get("cost_model", {}), str(b), width)
+            if spec and plain:
+                ratio[str(b)] = spec / plain
+        return {"verify_over_plain": ratio, "perfect_history_tok_s": tok_s}
+    finally:
+        srv.stop()
+
+
+# ---- roofline --------------------------------------------------------------------------------
+def linear_shapes(model_path: str) -> tuple[list[tuple[int, int]], int]:
+    """(in, out) of one decoder layer's linears as sglang fuses them (qkv, o, gate_up, down),
+    then the lm_head's; and the number of layers."""
+    from transformers import AutoConfig
+
+    c = AutoConfig.from_pretrained(model_path)
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    qkv = (c.num_attention_heads + 2 * c.num_key_value_heads) * head_dim
+    layer = [(c.hidden_size, qkv), (c.num_attention_heads * head_dim, c.hidden_size),
+             (c.hidden_size, 2 * c.intermediate_size), (c.intermediate_size, c.hidden_size)]
+    return layer + [(c.hidden_size, c.vocab_size)], c.num_hidden_layers
+
+
+def stream_bandwidth(mib: int = 512, repeats: int = 5) -> float:
+    """Bytes/s of a large tensor copy (read + write)."""
+    import torch
+
+    src = torch.ones(mib * 2 ** 18)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = min(_timed(lambda: dst.copy_(src)) for _ in range(repeats))
+    return 2 * src.numel() * src.element_size() / best
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def gemm_seconds(shapes, layers: int, dtype: str, rows: int, repeats: int = 3) -> float:
+    """Time of one forward's linears at ``rows`` tokens (best of ``repeats`` per shape)."""
+    import torch
+
+    total = 0.0
+    for i, (k, n) in enumerate(shapes):
+        w = torch.randn(k, n).to(getattr(torch, dtype))
+        x = torch.randn(rows, k).to(getattr(torch, dtype))
+        torch.mm(x, w)
+        best = min(_timed(lambda: torch.mm(x, w)) for _ in range(repeats))
+        total += best * (1 if i == len(shapes) - 1 else layers)
+    return total
+
+
+def roofline(model_path: str, dtype: str, row_counts) -> dict:
+    import torch
+
+    shapes, layers = linear_shapes(model_path)
+    elem = torch.tensor([], dtype=getattr(torch, dtype)).element_size()
+    params = sum(k * n for k, n in shapes[:-1]) * layers + shapes[-1][0] * shapes[-1][1]
+    bandwidth = stream_bandwidth()
+    gemm = {r: gemm_seconds(shapes, layers, dtype, r) for r in sorted(set(row_counts))}
+    return {"bandwidth_gb_s": bandwidth / 1e9, "weight_bytes": params * elem,
+            "memory_s": params * elem / bandwidth,
+            "gemm_s": {str(r): s for r, s in gemm.items()},
+            "gemm_gflop_s": {str(r): 2 * params * r / s / 1e9 for r, s in gemm.items()}}
+
+
+def bound(roof: dict, rows: int) -> float:
+    return max(roof["memory_s"], roof["gemm_s"][str(rows)])
+
+
+# ---- main ------------------------------------------------------------------------------------
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_cpu_engine")
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--dtype", default="auto", help="auto (measured) | float32 | bfloat16")
+    parser.add_argument("--threads", default="auto",
+                        help="compute threads of the engine and HF (RHYME_CPU_THREADS); auto = default rule")
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--verify-width", type=int, default=8, help="draft tokens per request")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="tiny model, 16 tokens (smoke run)")
+    parser.add_argument("--json", default="out/cpu_engine.json")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.model, args.max_new_tokens, args.prompt_len = "tiny", 16, 16
+    if args.threads != "auto":
+        os.environ["RHYME_CPU_THREADS"] = str(int(args.threads))
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+    import torch
+    from transformers import AutoConfig
+
+    from rhyme_sglang.machine import (choose_scheduler_threads, cpu_flags, resolve_dtype,
+                                      threads_from_env, usable_cores)
+    from rhyme_sglang.models import resolve_model_path
+
+    torch.manual_seed(args.seed)
+    dtype = resolve_dtype(args.dtype)
+    threads = choose_scheduler_threads(threads_from_env(), usable_cores())
+    torch.set_num_threads(threads)
+    model_path = resolve_model_path(args.model)
+    vocab = AutoConfig.from_pretrained(model_path).vocab_size
+    prompts = _prompts(vocab, max(PLAIN_BATCHES), args.prompt_len, args.seed)
+    width = args.verify_width
+
+    hf = hf_throughput(model_path, dtype, prompts, THROUGHPUT_BATCHES, args.max_new_tokens)
+    roof = roofline(model_path, dtype, list(PLAIN_BATCHES) + [b * width for b in VERIFY_ROOFLINE_BATCHES])
+    vanilla = vanilla_server(model_path, dtype, prompts, args.max_new_tokens)
+    rhyme = rhyme_server(model_path, dtype, vocab, args.prompt_len, args.max_new_tokens, width,
+                         args.seed)
+
+    plain_s = vanilla["plain_step_s"]
+    ratio = rhyme["verify_over_plain"]
+    report = {
+        "dtype": dtype, "cpu_flags": cpu_flags(), "model": args.model, "threads": threads,
+        "max_new_tokens": args.max_new_tokens, "prompt_len": args.prompt_len, "verify_width": width,
+        "hf_tok_s": hf, "engine_tok_s": vanilla["tok_s"], "verify_over_plain": ratio,
+        "step_over_roofline": {
+            "plain": {str(b): plain_s[str(b)] / bound(roof, b) for b in PLAIN_BATCHES},
+            "verify": {str(b): ratio[str(b)] * plain_s[str(b)] / bound(roof, b * width)
+                       for b in VERIFY_ROOFLINE_BATCHES if str(b) in ratio},
+        },
+        "plain_step_s": plain_s, "perfect_history_tok_s": rhyme["perfect_history_tok_s"],
+        "roofline": roof,
+    }
+    print(f"bench_cpu_engine {args.model} {dtype}, {threads} thread(s), CPU flags "
+          f"{' '.join(report['cpu_flags']) or '-'}: " + "; ".join(
+              f"batch {b}: engine {report['engine_tok_s'][b]:.0f} tok/s vs HF {hf[b]:.0f} "
+              f"(x{report['engine_tok_s'][b] / hf[b]:.2f})" for b in hf)
+          + " | verify/plain " + ", ".join(f"{b}: {r:.2f}" for b, r in ratio.items())
+          + " | step/roofline plain " + ", ".join(
+              f"{b}: {r:.2f}" for b, r in report["step_over_roofline"]["plain"].items())
+          + " verify " + ", ".join(
+              f"{b}: {r:.2f}" for b, r in report["step_over_roofline"]["verify"].items()))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,98 @@
+"""``dtype: auto`` and the thread rules: the measured choice, the injected probe, explicit wins."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rhyme_sglang import machine
+from rhyme_sglang.launch_server import pop_cpu_threads, prepare_argv
+from rhyme_sglang.machine import GemmProbe, choose_dtype
+
+SLOW_BF16 = GemmProbe(float32=50.0, bfloat16=5.5, source="injected")  # AVX2 only
+FAST_BF16 = GemmProbe(float32=50.0, bfloat16=400.0, source="injected")  # AMX
+
+
+def test_auto_follows_the_probe_and_explicit_wins():
+    assert choose_dtype("auto", SLOW_BF16, cuda=False) == "float32"
+    assert choose_dtype(None, SLOW_BF16, cuda=False) == "float32"
+    assert choose_dtype("auto", FAST_BF16, cuda=False) == "bfloat16"
+    assert choose_dtype("auto", None, cuda=True) == "bfloat16"
+    for explicit in ("float32", "bfloat16", "float16"):
+        assert choose_dtype(explicit, FAST_BF16, cuda=False) == explicit
+        assert choose_dtype(explicit, SLOW_BF16, cuda=True) == explicit
+    with pytest.raises(ValueError, match="int8"):
+        choose_dtype("int8", SLOW_BF16, cuda=False)
+    with pytest.raises(ValueError, match="probe"):
+        choose_dtype("auto", None, cuda=False)
+
+
+def test_probe_injection_and_its_errors():
+    probe = machine.gemm_probe(env={machine.PROBE_ENV: "float32=40,bfloat16=4.5"})
+    assert probe == GemmProbe(40.0, 4.5, "injected")
+    for bad in ("float32=40", "fp32=40,bfloat16=4", "float32=x,bfloat16=4", "float32=-1,bfloat16=4"):
+        with pytest.raises(ValueError, match="RHYME_GEMM_PROBE"):
+            machine.parse_probe(bad)
+
+
+def test_probe_is_measured_once_then_cached(tmp_path):
+    cache = tmp_path / "probe.json"
+    measured = machine.gemm_probe(cache=cache, env={})
+    assert measured.source == "measured" and measured.float32 > 0 and measured.bfloat16 > 0
+    table = json.loads(cache.read_text())
+    assert table[machine.machine_key()]["float32"] == measured.float32
+    cached = machine.gemm_probe(cache=cache, env={})
+    assert cached.source == "cached" and cached.float32 == measured.float32
+    table[machine.machine_key()] = {"float32": 9.0, "bfloat16": 90.0}
+    cache.write_text(json.dumps(table))
+    assert machine.gemm_probe(cache=cache, env={}) == GemmProbe(9.0, 90.0, "cached")
+
+
+def _cpu_only():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("auto is bf16 with CUDA; the probe decides on CPU-only machines")
+
+
+@pytest.mark.parametrize("probe, expected", [("float32=50,bfloat16=5", "float32"),
+                                             ("float32=50,bfloat16=400", "bfloat16")])
+def test_resolve_dtype_and_launch_server_argv(monkeypatch, probe, expected):
+    _cpu_only()
+    monkeypatch.setenv(machine.PROBE_ENV, probe)
+    assert machine.resolve_dtype("auto") == expected
+    assert machine.resolve_dtype(None) == expected
+    assert machine.resolve_dtype("float16") == "float16"
+    argv = prepare_argv(["--model-path", "/m"], cpu_only=True)
+    assert argv[argv.index("--dtype") + 1] == expected
+    argv = prepare_argv(["--model-path", "/m", "--dtype", "auto"], cpu_only=True)
+    assert argv.count("--dtype") == 1 and argv[argv.index("--dtype") + 1] == expected
+    for given in (["--dtype", "float16"], ["--dtype=float16"]):
+        argv = prepare_argv(["--model-path", "/m", *given], cpu_only=True)
+        assert argv[argv.index("--dtype") + 1] == "float16" and "--dtype=float16" not in argv
+
+
+def test_cpu_threads_flag_and_rules():
+    assert pop_cpu_threads(["--port", "1", "--cpu-threads", "3"]) == (3, ["--port", "1"])
+    assert pop_cpu_threads(["--cpu-threads=auto"]) == (None, [])
+    with pytest.raises(ValueError, match="two"):
+        pop_cpu_threads(["--cpu-threads", "two"])
+    assert machine.choose_scheduler_threads(None, cores=2) == 1
+    assert machine.choose_scheduler_threads(None, cores=16, engines=2) == 7
+    assert machine.choose_scheduler_threads(4, cores=2) == 4
+    assert machine.choose_trainer_threads(0, cores=2) == 2
+    assert machine.choose_trainer_threads(1, cores=16) == 1
+    assert machine.threads_from_env({machine.THREADS_ENV: "2"}) == 2
+    assert machine.threads_from_env({machine.THREADS_ENV: "auto"}) is None
+    with pytest.raises(ValueError, match="RHYME_CPU_THREADS"):
+        machine.threads_from_env({machine.THREADS_ENV: "-1"})
+
+
+def test_engine_cpu_threads_kwarg_reaches_the_scheduler_env(monkeypatch):
+    from rhyme_sglang.sglang_ext.cpu_defaults import apply_cpu_defaults
+
+    monkeypatch.delenv(machine.THREADS_ENV, raising=False)
+    out = apply_cpu_defaults({"model_path": "/m", "cpu_threads": 3})
+    assert "cpu_threads" not in out and out["model_path"] == "/m"
+    assert machine.threads_from_env() == 3
