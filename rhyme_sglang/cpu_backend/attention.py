@@ -1,20 +1,33 @@
-"""Reference attention for sglang's ``intel_amx`` backend, in plain PyTorch.
+"""Batched attention for sglang's ``intel_amx`` backend, in plain PyTorch.
 
-Implements ``torch.ops.sgl_kernel.extend_attention_cpu`` and ``decode_attention_cpu``
-with the argument lists that ``IntelAMXAttnBackend`` passes (sglang 0.5.23): grouped-query
-attention over the paged KV cache (``req_to_token`` rows), a causal mask within the
-extend part, and the speculative tree mask for TARGET_VERIFY batches. Math is done in
-float32 and cast back to the output dtype. Unsupported features (sliding window,
-attention sinks, cross attention, logit soft-capping is supported) raise
-``NotImplementedError`` naming the op, never return garbage.
+Implements ``torch.ops.sgl_kernel.extend_attention_cpu`` and ``decode_attention_cpu`` with
+the argument lists that ``IntelAMXAttnBackend`` passes (sglang 0.5.23). All requests of a
+batch are attended together, with no per-request Python loop:
+
+1. one index tensor ``[B, Lk]`` built from the ``req_to_token`` rows (padded to the longest
+   sequence) gathers every request's K/V from the paged cache;
+2. in extend / verify the extend tokens' own K/V (the op's ``k``/``v``) are written over their
+   positions, and the queries are gathered into ``[B, Lq, H, D]``;
+3. one boolean mask ``[B, Lq, Lk]`` says what each query sees: its whole prefix, then the
+   causal or speculative-tree mask over the extend part, nothing past ``seq_len``;
+4. grouped-query attention folds the group into the query axis
+   (``q [B, Hkv, g * Lq, D]`` against ``k [B, Hkv, Lk, D]``): K/V heads are never repeated;
+5. half-precision inputs are attended in float32 (as the per-request reference did), with
+   the logit soft-cap, and the outputs are written in place.
+
+A batch whose padded working set would pass ``CHUNK_BYTES`` is attended in chunks of requests
+of similar length, each chunk still batched. Unsupported features (sliding window, attention
+sinks, cross attention, fp8 KV cache) raise ``NotImplementedError`` naming the op.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 
+CHUNK_BYTES = 256 << 20  # padded K/V + scores of one batched call, before splitting requests
 _LIB = None
 
 
@@ -22,32 +35,192 @@ def _unsupported(op: str, what: str):
     raise NotImplementedError(f"sgl_kernel stand-in op {op!r}: {what} is not implemented on CPU")
 
 
-def _check_features(op, is_cross, sliding_window, sinks, encoder_lens=None):
+def _check_features(op, is_cross, sliding_window, sinks, k_buffer):
     if is_cross:
         _unsupported(op, "cross attention")
     if sliding_window is not None and sliding_window > 0:
         _unsupported(op, "sliding-window attention")
     if sinks is not None:
         _unsupported(op, "attention sinks")
+    if k_buffer.dtype == torch.float8_e4m3fn:
+        _unsupported(op, "fp8 KV cache")
 
 
-def _attend(q, k, v, sm_scale, logit_cap, mask=None):
-    """q [Lq, H, D], k/v [Lk, Hkv, D*], mask [Lq, Lk] bool (True = visible) -> [Lq, H, Dv]."""
-    num_heads, num_kv_heads = q.shape[1], k.shape[1]
-    if num_heads != num_kv_heads:
-        group = num_heads // num_kv_heads
-        k = k.repeat_interleave(group, dim=1)
-        v = v.repeat_interleave(group, dim=1)
-    qf = q.float().transpose(0, 1)  # H, Lq, D
-    kf = k.float().transpose(0, 1)  # H, Lk, D
-    vf = v.float().transpose(0, 1)
-    scores = torch.matmul(qf, kf.transpose(1, 2)) * sm_scale
-    if logit_cap and logit_cap > 0:
-        scores = logit_cap * torch.tanh(scores / logit_cap)
+def _math_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+
+
+def _attend(q, k, v, mask, sm_scale: float, logit_cap: float):
+    """Softmax attention of every request at once.
+
+    q [B, Lq, H, D], k [B, Lk, Hkv, D], v [B, Lk, Hkv, Dv], mask [B, Lq, Lk] bool
+    (True = visible) or None -> [B, Lq, H, Dv]. Query head ``h`` reads KV head ``h // g``,
+    so each KV head's group joins the query axis: q becomes [B, Hkv, g * Lq, D] and meets
+    k as the strided view [B, Hkv, Lk, D].
+    """
+    b, lq, h, d = q.shape
+    lk, hkv, dv = k.shape[1], k.shape[2], v.shape[3]
+    g = h // hkv
+    q = q.view(b, lq, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, g * lq, d)
+    k, v = k.transpose(1, 2), v.transpose(1, 2)
     if mask is not None:
-        scores = scores.masked_fill(~mask.unsqueeze(0), float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    return torch.matmul(probs, vf).transpose(0, 1)  # Lq, H, Dv
+        mask = mask.view(b, 1, lq, lk).expand(b, g, lq, lk).reshape(b, 1, g * lq, lk)
+    if logit_cap > 0:
+        out = _capped_attention(q, k, v, mask, sm_scale, logit_cap)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=sm_scale)
+    return out.view(b, hkv, g, lq, dv).permute(0, 3, 1, 2, 4).reshape(b, lq, h, dv)
+
+
+def _capped_attention(q, k, v, mask, sm_scale: float, logit_cap: float):
+    """softmax(cap * tanh(q k^T * scale / cap)) v: q [B, Hkv, M, D], k/v [B, Hkv, Lk, D*]."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) * sm_scale
+    scores = logit_cap * torch.tanh(scores / logit_cap)
+    if mask is not None:
+        scores = scores.masked_fill_(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+def _gather_rows(buffer, index, dtype):
+    """buffer [P, Hkv, D], index [B, L] -> [B, L, Hkv, D] in ``dtype``."""
+    rows = torch.index_select(buffer, 0, index.view(-1)).to(dtype)
+    return rows.view(*index.shape, *buffer.shape[1:])
+
+
+def _kv_index(req_to_token, req_pool_indices, seq_lens, max_len: int):
+    """Cache locations [B, Lk] of each request's first ``seq_len`` tokens, and which are real.
+
+    Padding positions read location 0 (any valid row) and are masked out by the caller.
+    """
+    pos = torch.arange(max_len)
+    visible = pos.view(1, -1) < seq_lens.view(-1, 1)  # [B, Lk]
+    locs = req_to_token[req_pool_indices.long(), :max_len].long()
+    return locs.masked_fill_(~visible, 0), visible
+
+
+class _Requests(NamedTuple):
+    """A batch (or one chunk of it): row-aligned per-request tensors plus their maxima."""
+
+    pool_rows: torch.Tensor  # [B] rows of req_to_token
+    seq_lens: torch.Tensor  # [B] tokens in the cache after this step, extend part included
+    ext_lens: torch.Tensor  # [B] query tokens (1 for decode)
+    starts: torch.Tensor  # [B] first query row of each request in q / o
+    tree: torch.Tensor | None  # [B, n, n] ancestor-or-self mask of the draft tree
+    max_seq: int
+    max_ext: int
+    packed: bool  # request b's queries are rows [b * max_ext, (b + 1) * max_ext) of q / o
+
+    def select(self, sel: torch.Tensor, max_seq: int, max_ext: int) -> "_Requests":
+        tree = None if self.tree is None else self.tree[sel]
+        return _Requests(self.pool_rows[sel], self.seq_lens[sel], self.ext_lens[sel],
+                         self.starts[sel], tree, max_seq, max_ext, packed=False)
+
+
+def _chunks(reqs: _Requests, seq_l: list, ext_l: list, bytes_per_key: int, bytes_per_score: int):
+    """``reqs`` whole when its padded working set fits ``CHUNK_BYTES``, else chunks of it.
+
+    Working set of B requests padded to (Lq, Lk): ``B * Lk * (bytes_per_key + Lq * bytes_per_score)``.
+    Chunks take requests in order of length, so one long request does not pad the short ones.
+    """
+    def cost(n, lk, lq):
+        return n * lk * (bytes_per_key + lq * bytes_per_score)
+
+    if cost(len(seq_l), reqs.max_seq, reqs.max_ext) <= CHUNK_BYTES:
+        return [reqs]
+    order = sorted(range(len(seq_l)), key=lambda i: (seq_l[i], ext_l[i]))
+    chunks, members, max_ext = [], [], 0
+    for i in order:
+        lq = max(max_ext, ext_l[i])
+        if members and cost(len(members) + 1, seq_l[i], lq) > CHUNK_BYTES:
+            chunks.append((members, seq_l[members[-1]], max_ext))
+            members, lq = [], ext_l[i]
+        members.append(i)
+        max_ext = lq
+    chunks.append((members, seq_l[members[-1]], max_ext))
+    return [reqs.select(torch.tensor(m), s, e) for m, s, e in chunks]
+
+
+def _visible(reqs: _Requests, kv_real, is_causal: bool):
+    """Mask [B, Lq, Lk]: query ``t`` of request ``b`` sees key ``j`` (True = visible).
+
+    With ``prefix = seq_len - ext_len`` and ``r = j - prefix`` (the key's extend offset):
+    visible = j < seq_len and (j < prefix or extend rule), where the extend rule is
+    ``tree[b, t, r]`` for a draft tree, ``r <= t`` for causal attention, else True.
+    """
+    lq, lk = reqs.max_ext, reqs.max_seq
+    prefix = (reqs.seq_lens - reqs.ext_lens).view(-1, 1, 1)
+    rel = torch.arange(lk).view(1, 1, lk) - prefix  # [B, 1, Lk]
+    if reqs.tree is not None:
+        n = reqs.tree.shape[-1]
+        in_tree = torch.gather(reqs.tree, 2, rel.clamp(0, n - 1).expand(-1, n, -1))
+        extend_rule = in_tree & (rel < n)
+    elif is_causal:
+        extend_rule = rel <= torch.arange(lq).view(1, lq, 1)
+    else:
+        return kv_real.unsqueeze(1).expand(-1, lq, -1)
+    return kv_real.unsqueeze(1) & ((rel < 0) | extend_rule)
+
+
+def _query_slots(reqs: _Requests):
+    """Rows of q / o [B * Lq] for each (request, query offset), and the real slots among them.
+
+    The real slots come as flat positions into ``B * Lq``; None when every slot is real and
+    the rows are simply ``0 .. B * Lq - 1`` (a packed batch: decode, uniform verify).
+    """
+    bsz, lq = reqs.pool_rows.shape[0], reqs.max_ext
+    if reqs.packed:
+        return torch.arange(bsz * lq), None
+    t = torch.arange(lq).view(1, -1)
+    q_real = (t < reqs.ext_lens.view(-1, 1)).view(-1)  # [B * Lq]
+    rows = (reqs.starts.view(-1, 1).long() + t).view(-1).masked_fill_(~q_real, 0)
+    return rows, q_real.nonzero().view(-1)
+
+
+def _pick(x, real):
+    """The real slots of ``x`` (flat positions ``real``; None = all)."""
+    return x if real is None else torch.index_select(x, 0, real)
+
+
+def _write_new_kv(keys, values, k, v, reqs: _Requests, q_rows, real):
+    """Put this step's K/V (the op's ``k``/``v`` [T, Hkv, D*]) at key offsets ``prefix + t``.
+
+    keys/values [B, Lk, Hkv, D*], gathered from the cache.
+    """
+    bsz, lk, hkv = keys.shape[0], keys.shape[1], keys.shape[2]
+    prefix = (reqs.seq_lens - reqs.ext_lens).view(-1, 1)
+    slot = (torch.arange(bsz).view(-1, 1) * lk + prefix + torch.arange(reqs.max_ext)).view(-1)
+    slot, src = _pick(slot, real), _pick(q_rows, real)
+    for cache, new in ((keys, k), (values, v)):
+        rows = torch.index_select(new.reshape(new.shape[0], hkv, -1), 0, src).to(cache.dtype)
+        cache.view(bsz * lk, hkv, -1).index_copy_(0, slot, rows)
+
+
+def _attend_requests(q, o, k_buffer, v_buffer, req_to_token, reqs: _Requests, mask_of,
+                     sm_scale, logit_cap, k=None, v=None):
+    """Gather the batch's K/V and queries, attend, and write the real rows of ``o``.
+
+    q [T, H, D], o [T, H, Dv], k_buffer/v_buffer [P, Hkv, D*]; ``mask_of(kv_real)`` gives the
+    [B, Lq, Lk] mask (or None: all visible) from the [B, Lk] real-key mask.
+    """
+    dtype = _math_dtype(q.dtype)
+    bsz, lq = reqs.pool_rows.shape[0], reqs.max_ext
+    q_rows, real = _query_slots(reqs)
+    locs, kv_real = _kv_index(req_to_token, reqs.pool_rows, reqs.seq_lens, reqs.max_seq)
+    keys = _gather_rows(k_buffer, locs, dtype)  # [B, Lk, Hkv, D]
+    values = _gather_rows(v_buffer, locs, dtype)
+    if k is not None:
+        _write_new_kv(keys, values, k, v, reqs, q_rows, real)
+    queries = torch.index_select(q, 0, q_rows).to(dtype).view(bsz, lq, *q.shape[1:])
+    out = _attend(queries, keys, values, mask_of(kv_real), sm_scale, logit_cap)
+    out = _pick(out.reshape(bsz * lq, *out.shape[2:]), real).to(o.dtype)  # [T', H, Dv]
+    if real is None:
+        o[: bsz * lq].copy_(out)
+    else:
+        o.index_copy_(0, _pick(q_rows, real), out)
+
+
+def _bytes_per_key(k_buffer, v_buffer) -> int:
+    return 4 * k_buffer.shape[1] * (k_buffer.shape[2] + v_buffer.shape[2])
 
 
 def extend_attention_cpu(
@@ -55,38 +228,32 @@ def extend_attention_cpu(
     seq_lens, extend_seq_lens, extend_start_loc, max_len_extend, sm_scale, logit_cap,
     is_cross, sliding_window, encoder_lens=None, sinks=None, tree_mask=None, is_causal=True,
 ):
-    """Prefill / extend / verify attention. ``o`` is written in place."""
-    op = "extend_attention_cpu"
-    _check_features(op, is_cross, sliding_window, sinks)
-    if k_buffer.dtype == torch.float8_e4m3fn:
-        _unsupported(op, "fp8 KV cache")
-    seq_lens_l = seq_lens.tolist()
-    ext_lens_l = extend_seq_lens.tolist()
-    starts_l = extend_start_loc.tolist()
-    pool_l = req_pool_indices.tolist()
-    for i, (seq_len, ext_len, start, row) in enumerate(zip(seq_lens_l, ext_lens_l, starts_l, pool_l)):
-        if ext_len == 0:
-            continue
-        prefix_len = seq_len - ext_len
-        locs = req_to_token[row, :prefix_len].long()
-        k_pre, v_pre = k_buffer[locs], v_buffer[locs]
-        if k is not None:
-            k_ext, v_ext = k[start : start + ext_len], v[start : start + ext_len]
-        else:  # KV-shared layers: the owner layer already wrote the extend K/V
-            ext_locs = req_to_token[row, prefix_len:seq_len].long()
-            k_ext, v_ext = k_buffer[ext_locs], v_buffer[ext_locs]
-        keys = torch.cat([k_pre, k_ext.to(k_pre.dtype)], dim=0)
-        values = torch.cat([v_pre, v_ext.to(v_pre.dtype)], dim=0)
-        mask = None
-        if tree_mask is not None:
-            n = ext_len
-            tm = tree_mask.view(-1)[i * n * n : (i + 1) * n * n].view(n, n).bool()
-            mask = torch.cat([torch.ones(n, prefix_len, dtype=torch.bool), tm], dim=1)
-        elif is_causal:
-            ext_mask = torch.ones(ext_len, ext_len, dtype=torch.bool).tril_()
-            mask = torch.cat([torch.ones(ext_len, prefix_len, dtype=torch.bool), ext_mask], dim=1)
-        out = _attend(q[start : start + ext_len], keys, values, sm_scale, logit_cap, mask)
-        o[start : start + ext_len] = out.to(o.dtype)
+    """Prefill / extend / verify attention over the whole batch. ``o`` is written in place.
+
+    q [T, H, D], k/v [T, Hkv, D*] (None on KV-shared layers: read from the cache), o [T, H, Dv].
+    ``tree_mask`` (TARGET_VERIFY): flat ``bs * n * n`` bool, every request extending by ``n``.
+    """
+    _check_features("extend_attention_cpu", is_cross, sliding_window, sinks, k_buffer)
+    seq_l, ext_l = seq_lens.tolist(), extend_seq_lens.tolist()
+    bsz, lq = len(seq_l), max(ext_l, default=0)
+    if lq == 0:
+        return
+    tree = None
+    if tree_mask is not None:
+        tree = tree_mask.reshape(-1)[: bsz * lq * lq].view(bsz, lq, lq).bool()
+    packed = min(ext_l) == lq and extend_start_loc.tolist() == list(range(0, bsz * lq, lq))
+    reqs = _Requests(req_pool_indices, seq_lens, extend_seq_lens, extend_start_loc, tree,
+                     max(seq_l), lq, packed)
+    bytes_per_score = 4 * 3 * q.shape[1]
+    for chunk in _chunks(reqs, seq_l, ext_l, _bytes_per_key(k_buffer, v_buffer), bytes_per_score):
+        _attend_requests(q, o, k_buffer, v_buffer, req_to_token, chunk,
+                         lambda kv_real: _visible(chunk, kv_real, is_causal),
+                         sm_scale, logit_cap, k, v)
+
+
+def _decode_mask(kv_real):
+    """[B, 1, Lk] from the real keys, None when every request has the same length."""
+    return None if bool(kv_real.all()) else kv_real.unsqueeze(1)
 
 
 def decode_attention_cpu(
@@ -94,17 +261,26 @@ def decode_attention_cpu(
     req_pool_indices, seq_lens, sm_scale, logit_cap, is_cross, sliding_window,
     encoder_lens=None, sinks=None,
 ):
-    """One-token decode attention; writes the new token's K/V into the cache first."""
-    op = "decode_attention_cpu"
-    _check_features(op, is_cross, sliding_window, sinks)
+    """One-token decode attention over the whole batch; writes the new K/V into the cache first.
+
+    q [B, H, D], o [B, H, Dv], k/v [B, Hkv * D*] (or None: already in the cache).
+    """
+    _check_features("decode_attention_cpu", is_cross, sliding_window, sinks, k_buffer)
     if k is not None and v is not None:
         loc = cache_loc.long()
         k_buffer[loc] = k.view(k.shape[0], k_buffer.shape[1], -1).to(k_buffer.dtype)
         v_buffer[loc] = v.view(v.shape[0], v_buffer.shape[1], -1).to(v_buffer.dtype)
-    for i, (seq_len, row) in enumerate(zip(seq_lens.tolist(), req_pool_indices.tolist())):
-        locs = req_to_token[row, :seq_len].long()
-        out = _attend(q[i : i + 1], k_buffer[locs], v_buffer[locs], sm_scale, logit_cap)
-        o[i] = out[0].to(o.dtype)
+    seq_l = seq_lens.tolist()
+    bsz = len(seq_l)
+    if bsz == 0:
+        return
+    ones = torch.ones(bsz, dtype=torch.long)
+    reqs = _Requests(req_pool_indices, seq_lens, ones, torch.arange(bsz), None, max(seq_l), 1,
+                     packed=True)
+    bytes_per_score = 4 * 3 * q.shape[1]
+    for chunk in _chunks(reqs, seq_l, [1] * bsz, _bytes_per_key(k_buffer, v_buffer), bytes_per_score):
+        _attend_requests(q, o, k_buffer, v_buffer, req_to_token, chunk, _decode_mask,
+                         sm_scale, logit_cap)
 
 
 _EXTEND_SCHEMA = (

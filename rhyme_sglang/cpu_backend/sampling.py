@@ -43,13 +43,24 @@ def top_p_renorm_prob(probs: torch.Tensor, top_ps) -> torch.Tensor:
     """Keep the smallest head of each row whose exclusive cumulative mass is <= p.
 
     Matches sglang's torch sampler: a token is dropped when the mass strictly before it
-    in descending order exceeds ``top_p``.
+    in descending order exceeds ``top_p``. Rows are sorted only as far as needed: the head
+    of the ``k`` most probable tokens decides a row once its total mass exceeds ``p`` (every
+    later token then has more than ``p`` before it); ``k`` grows 4x for the undecided rows.
+    Rows with ``p >= 1`` keep every token.
     """
-    ps = torch.tensor(_as_row_values(top_ps, probs.shape[0]), dtype=probs.dtype).view(-1, 1)
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
-    exclusive = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    sorted_probs = sorted_probs.masked_fill(exclusive > ps, 0.0)
-    out = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+    num_rows, vocab = probs.shape
+    ps = torch.tensor(_as_row_values(top_ps, num_rows), dtype=probs.dtype)
+    keep = (ps >= 1.0).view(-1, 1).repeat(1, vocab)
+    pending, k = (ps < 1.0).nonzero().view(-1), min(vocab, 128)
+    while pending.numel():
+        head, order = torch.topk(probs[pending], k, dim=-1, sorted=True)
+        cum = torch.cumsum(head, dim=-1)
+        done = (cum[:, -1] > ps[pending]) | (k == vocab)
+        rows = pending[done]
+        kept = (cum - head)[done] <= ps[rows].view(-1, 1)
+        keep[rows] = keep[rows].scatter_(1, order[done], kept)
+        pending, k = pending[~done], min(vocab, 4 * k)
+    out = probs.masked_fill(~keep, 0.0)
     return out / out.sum(-1, keepdim=True)
 
 

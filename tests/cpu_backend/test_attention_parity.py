@@ -1,0 +1,230 @@
+"""The batched CPU attention ops against the per-request reference loop they replaced."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rhyme_sglang.cpu_backend import attention
+from tests.cpu_backend.reference_attention import decode_attention_ref, extend_attention_ref
+
+SETTINGS = settings(max_examples=40, deadline=None, derandomize=True)
+TOLERANCE = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=1e-2, rtol=1e-2)}
+DTYPES = st.sampled_from([torch.float32, torch.bfloat16])
+
+
+def _heads(draw):
+    kv_heads = draw(st.integers(1, 2))
+    group = draw(st.sampled_from([1, 2, 3]))
+    head_dim = draw(st.sampled_from([4, 8]))
+    v_dim = draw(st.sampled_from([head_dim, 6]))
+    return kv_heads * group, kv_heads, head_dim, v_dim
+
+
+def _paged_cache(gen, seq_lens, kv_heads, head_dim, v_dim, dtype, spare_rows=2):
+    """K/V buffers and a req_to_token table whose rows scatter each request over the pool.
+
+    The batch's requests sit on shuffled rows among ``spare_rows`` unused ones; cells past a
+    request's length hold an out-of-range location, so reading them would fail loudly.
+    """
+    bsz, width = len(seq_lens), max(seq_lens) + 3
+    pool = sum(seq_lens) + 5
+    k_buffer = torch.randn(pool, kv_heads, head_dim, generator=gen).to(dtype)
+    v_buffer = torch.randn(pool, kv_heads, v_dim, generator=gen).to(dtype)
+    req_to_token = torch.full((bsz + spare_rows, width), pool + 100, dtype=torch.int32)
+    rows = torch.randperm(bsz + spare_rows, generator=gen)[:bsz]
+    locs = torch.randperm(pool, generator=gen)
+    used = 0
+    for row, n in zip(rows.tolist(), seq_lens):
+        req_to_token[row, :n] = locs[used : used + n].int()
+        used += n
+    return k_buffer, v_buffer, req_to_token, rows
+
+
+def _random_tree(gen, n):
+    """Ancestor-or-self mask [n, n] of a random tree whose node i has a parent < i."""
+    mask = torch.eye(n, dtype=torch.bool)
+    for i in range(1, n):
+        parent = int(torch.randint(0, i, (1,), generator=gen))
+        mask[i] |= mask[parent]
+    return mask
+
+
+def _run_extend(op, case, k, v, out_rows):
+    o = torch.zeros(out_rows, case["q"].shape[1], case["v_dim"], dtype=case["q"].dtype)
+    op(case["q"], k, v, o, case["k_buffer"], case["v_buffer"], 1.0, 1.0, case["req_to_token"],
+       case["rows"], case["seq_lens"], case["ext_lens"], case["starts"], max(case["ext"]),
+       case["scale"], case["cap"], False, 0, None, None, case["tree"], case["causal"])
+    return o
+
+
+def _extend_case(draw, uniform_tree: bool):
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    dtype = draw(DTYPES)
+    heads, kv_heads, head_dim, v_dim = _heads(draw)
+    bsz = draw(st.integers(1, 4))
+    prefix = draw(st.lists(st.integers(0, 9), min_size=bsz, max_size=bsz))
+    if uniform_tree:
+        n = draw(st.integers(1, 5))
+        ext = [n] * bsz
+        tree = torch.stack([_random_tree(gen, n) for _ in range(bsz)]).reshape(-1)
+    else:
+        ext = draw(st.lists(st.integers(0, 5), min_size=bsz, max_size=bsz).filter(any))
+        tree = None
+    seq = [p + e for p, e in zip(prefix, ext)]
+    seq = [max(s, 1) for s in seq]  # a request with nothing cached still owns one token
+    prefix = [s - e for s, e in zip(seq, ext)]
+    k_buffer, v_buffer, req_to_token, rows = _paged_cache(gen, seq, kv_heads, head_dim, v_dim, dtype)
+    tokens = sum(ext)
+    k = torch.randn(tokens, kv_heads, head_dim, generator=gen).to(dtype)
+    v = torch.randn(tokens, kv_heads, v_dim, generator=gen).to(dtype)
+    ext_t = torch.tensor(ext, dtype=torch.int32)
+    case = dict(
+        q=torch.randn(tokens + 2, heads, head_dim, generator=gen).to(dtype),  # 2 padding rows
+        k_buffer=k_buffer, v_buffer=v_buffer, req_to_token=req_to_token, rows=rows,
+        seq_lens=torch.tensor(seq), ext_lens=ext_t, starts=torch.cumsum(ext_t, 0) - ext_t,
+        ext=ext, v_dim=v_dim, tree=tree, scale=draw(st.sampled_from([0.3, 1.0])),
+        cap=draw(st.sampled_from([0.0, 0.0, 2.0])), causal=draw(st.booleans()) if tree is None else True,
+    )
+    # the extend tokens' K/V are already in the cache (sglang writes them before the op)
+    start = 0
+    for row, p, e in zip(rows.tolist(), prefix, ext):
+        locs = req_to_token[row, p : p + e].long()
+        k_buffer[locs], v_buffer[locs] = k[start : start + e], v[start : start + e]
+        start += e
+    return case, k, v, dtype
+
+
+def _check_extend(case, k, v, dtype):
+    rows = case["q"].shape[0]
+    got = _run_extend(attention.extend_attention_cpu, case, k, v, rows)
+    want = _run_extend(extend_attention_ref, case, k, v, rows)
+    torch.testing.assert_close(got.float(), want.float(), **TOLERANCE[dtype])
+    # KV-shared layers pass k = v = None and read the extend K/V from the cache
+    shared = _run_extend(attention.extend_attention_cpu, case, None, None, rows)
+    torch.testing.assert_close(shared.float(), want.float(), **TOLERANCE[dtype])
+    assert not got[sum(case["ext"]) :].any(), "padding rows of o must stay untouched"
+
+
+@SETTINGS
+@given(st.data())
+def test_ragged_extend_matches_reference(data):
+    _check_extend(*_extend_case(data.draw, uniform_tree=False))
+
+
+@SETTINGS
+@given(st.data())
+def test_tree_verify_matches_reference(data):
+    _check_extend(*_extend_case(data.draw, uniform_tree=True))
+
+
+@SETTINGS
+@given(st.data())
+def test_decode_matches_reference_and_writes_the_new_kv(data):
+    draw = data.draw
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
+    dtype = draw(DTYPES)
+    heads, kv_heads, head_dim, v_dim = _heads(draw)
+    seq = draw(st.lists(st.integers(1, 12), min_size=1, max_size=5))
+    bsz = len(seq)
+    k_buffer, v_buffer, req_to_token, rows = _paged_cache(gen, seq, kv_heads, head_dim, v_dim, dtype)
+    q = torch.randn(bsz, heads, head_dim, generator=gen).to(dtype)
+    k = torch.randn(bsz, kv_heads * head_dim, generator=gen).to(dtype)
+    v = torch.randn(bsz, kv_heads * v_dim, generator=gen).to(dtype)
+    last = torch.tensor([int(req_to_token[r, n - 1]) for r, n in zip(rows.tolist(), seq)])
+    scale, cap = draw(st.sampled_from([0.3, 1.0])), draw(st.sampled_from([0.0, 0.0, 2.0]))
+    outs, caches = [], []
+    for op in (attention.decode_attention_cpu, decode_attention_ref):
+        kb, vb = k_buffer.clone(), v_buffer.clone()
+        o = torch.zeros(bsz, heads, v_dim, dtype=dtype)
+        op(q, kb, vb, 1.0, 1.0, o, k, v, last, None, req_to_token, rows, torch.tensor(seq),
+           scale, cap, False, 0, None, None)
+        outs.append(o)
+        caches.append((kb, vb))
+    torch.testing.assert_close(outs[0].float(), outs[1].float(), **TOLERANCE[dtype])
+    kb, vb = caches[0]
+    assert torch.equal(kb[last], k.view(bsz, kv_heads, head_dim))
+    assert torch.equal(vb[last], v.view(bsz, kv_heads, v_dim))
+    untouched = torch.ones(k_buffer.shape[0], dtype=torch.bool)
+    untouched[last] = False
+    assert torch.equal(kb[untouched], k_buffer[untouched])
+
+
+def test_chunked_batches_match_reference(monkeypatch):
+    """One long request among short ones: the batch splits into chunks, results unchanged."""
+    gen = torch.Generator().manual_seed(3)
+    seq = [200] + [3, 5, 4, 6, 2, 7]
+    ext = [4, 1, 2, 0, 3, 1, 2]
+    bsz, heads, kv_heads, dim = len(seq), 4, 2, 8
+    k_buffer, v_buffer, req_to_token, rows = _paged_cache(gen, seq, kv_heads, dim, dim, torch.float32)
+    ext_t = torch.tensor(ext, dtype=torch.int32)
+    case = dict(q=torch.randn(sum(ext), heads, dim, generator=gen), k_buffer=k_buffer,
+                v_buffer=v_buffer, req_to_token=req_to_token, rows=rows, seq_lens=torch.tensor(seq),
+                ext_lens=ext_t, starts=torch.cumsum(ext_t, 0) - ext_t, ext=ext, v_dim=dim,
+                tree=None, scale=0.5, cap=0.0, causal=True)
+    want = _run_extend(extend_attention_ref, case, None, None, sum(ext))
+    one_request = 200 * (4 * kv_heads * 2 * dim + 4 * 12 * heads)
+    monkeypatch.setattr(attention, "CHUNK_BYTES", one_request)
+    chunks = attention._chunks(
+        attention._Requests(rows, case["seq_lens"], ext_t, case["starts"], None, 200, 4, False),
+        seq, ext, 4 * kv_heads * 2 * dim, 12 * heads)
+    assert len(chunks) == 2 and chunks[-1].max_seq == 200
+    got = _run_extend(attention.extend_attention_cpu, case, None, None, sum(ext))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    q = torch.randn(bsz, heads, dim, generator=gen)
+    outs = []
+    for op in (attention.decode_attention_cpu, decode_attention_ref):
+        o = torch.zeros(bsz, heads, dim)
+        op(q, k_buffer, v_buffer, 1.0, 1.0, o, None, None, torch.zeros(bsz, dtype=torch.long), None,
+           req_to_token, rows, torch.tensor(seq), 0.5, 0.0, False, 0, None, None)
+        outs.append(o)
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
+
+
+def _tiny_extend_args(k_buffer, **overrides):
+    args = dict(is_cross=False, sliding_window=0, sinks=None)
+    args.update(overrides)
+    q = torch.zeros(1, 1, 2)
+    return (q, None, None, torch.zeros(1, 1, 2), k_buffer, torch.zeros(4, 1, 2), 1.0, 1.0,
+            torch.zeros(1, 4, dtype=torch.int32), torch.tensor([0]), torch.tensor([1]),
+            torch.tensor([1]), torch.tensor([0]), 1, 1.0, 0.0, args["is_cross"],
+            args["sliding_window"], None, args["sinks"], None, True)
+
+
+def _tiny_decode_args(k_buffer, **overrides):
+    args = dict(is_cross=False, sliding_window=0, sinks=None)
+    args.update(overrides)
+    return (torch.zeros(1, 1, 2), k_buffer, torch.zeros(4, 1, 2), 1.0, 1.0, torch.zeros(1, 1, 2),
+            None, None, torch.tensor([0]), None, torch.zeros(1, 4, dtype=torch.int32),
+            torch.tensor([0]), torch.tensor([1]), 1.0, 0.0, args["is_cross"],
+            args["sliding_window"], None, args["sinks"])
+
+
+@pytest.mark.parametrize("op_name, build", [("extend_attention_cpu", _tiny_extend_args),
+                                            ("decode_attention_cpu", _tiny_decode_args)])
+@pytest.mark.parametrize("feature, overrides, fp8", [
+    ("cross attention", dict(is_cross=True), False),
+    ("sliding-window", dict(sliding_window=16), False),
+    ("attention sinks", dict(sinks=torch.zeros(1)), False),
+    ("fp8 KV cache", {}, True),
+])
+def test_unsupported_features_raise_naming_the_op(op_name, build, feature, overrides, fp8):
+    k_buffer = torch.zeros(4, 1, 2, dtype=torch.float8_e4m3fn if fp8 else torch.float32)
+    with pytest.raises(NotImplementedError, match=f"{op_name}.*{feature}"):
+        getattr(attention, op_name)(*build(k_buffer, **overrides))
+
+
+def test_registered_ops_are_the_batched_ones():
+    attention.register_torch_ops()
+    gen = torch.Generator().manual_seed(0)
+    k_buffer, v_buffer, req_to_token, rows = _paged_cache(gen, [5, 3], 1, 4, 4, torch.float32)
+    q = torch.randn(2, 2, 4, generator=gen)
+    args = (k_buffer, v_buffer, 1.0, 1.0)
+    tail = (None, None, torch.tensor([0, 0]), torch.zeros(1), req_to_token, rows,
+            torch.tensor([5, 3]), 0.5, 0.0, False, 0, None, None)
+    via_torch, direct = torch.zeros(2, 2, 4), torch.zeros(2, 2, 4)
+    torch.ops.sgl_kernel.decode_attention_cpu(q, *args, via_torch, *tail)
+    attention.decode_attention_cpu(q, *args, direct, *tail)
+    assert torch.equal(via_torch, direct)
