@@ -148,17 +148,15 @@ def _visible(reqs: _Requests, kv_real, is_causal: bool):
     ``tree[b, t, r]`` for a draft tree, ``r <= t`` for causal attention, else True.
     """
     lq, lk = reqs.max_ext, reqs.max_seq
+    if reqs.tree is None and not is_causal:
+        return kv_real.unsqueeze(1).expand(-1, lq, -1)
     prefix = (reqs.seq_lens - reqs.ext_lens).view(-1, 1, 1)
     rel = torch.arange(lk).view(1, 1, lk) - prefix  # [B, 1, Lk]
-    if reqs.tree is not None:
-        n = reqs.tree.shape[-1]
-        in_tree = torch.gather(reqs.tree, 2, rel.clamp(0, n - 1).expand(-1, n, -1))
-        extend_rule = in_tree & (rel < n)
-    elif is_causal:
-        extend_rule = rel <= torch.arange(lq).view(1, lq, 1)
-    else:
-        return kv_real.unsqueeze(1).expand(-1, lq, -1)
-    return kv_real.unsqueeze(1) & ((rel < 0) | extend_rule)
+    if reqs.tree is None:  # causal; r <= t also holds for every prefix key (r < 0)
+        return kv_real.unsqueeze(1) & (rel <= torch.arange(lq).view(1, lq, 1))
+    # draft tree: every request extends by n = Lq, so a real key has r < n
+    in_tree = torch.gather(reqs.tree, 2, rel.clamp(0, lq - 1).expand(-1, lq, -1))
+    return kv_real.unsqueeze(1) & ((rel < 0) | in_tree)
 
 
 def _query_slots(reqs: _Requests):
