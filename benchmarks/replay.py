@@ -33,6 +33,8 @@ import time
 from collections import defaultdict
 from typing import Dict, List, Optional, Sequence
 
+import numpy as np
+
 from rhyme_sglang.core import StoreConfig
 from rhyme_sglang.core.draft import accepted_length
 from rhyme_sglang.core.trace import TraceRecord, read_trace
@@ -93,9 +95,11 @@ def group_by_epoch(records: Sequence[TraceRecord]) -> Dict[int, List[TraceRecord
 
 def replay_source(src: DraftSource, epochs: Dict[int, List[TraceRecord]], k: int, mode: str,
                   max_epoch: Optional[int] = None) -> dict:
-    """Run one source over the trace; returns its tau, per-epoch tau, waste and lookup p50."""
+    """Run one source over the trace; returns its tau, per-epoch tau, waste, lookup p50 and
+    per-prompt [tokens, verify steps]."""
     online = mode == "online"
     per_epoch, lat = {}, []
+    per_prompt: Dict[str, List[int]] = defaultdict(lambda: [0, 0])
     tokens = steps = proposed = accepted = 0
     last = max(epochs) if max_epoch is None else min(max_epoch, max(epochs))
     src.end_epoch(0, epochs.get(0, []), False)
@@ -104,7 +108,7 @@ def replay_source(src: DraftSource, epochs: Dict[int, List[TraceRecord]], k: int
         for rec in epochs.get(e, []):
             ref = rec.response_token_ids
             src.start(rec)
-            p = 0
+            p, steps0 = 0, e_steps
             while p < len(ref):
                 t0 = time.perf_counter()
                 draft = src.propose(rec, ref[:p], k)
@@ -121,13 +125,52 @@ def replay_source(src: DraftSource, epochs: Dict[int, List[TraceRecord]], k: int
                 e_steps += 1
             src.finish(rec, online)
             e_tokens += len(ref)
+            per_prompt[rec.prompt_id][0] += len(ref)
+            per_prompt[rec.prompt_id][1] += e_steps - steps0
         src.end_epoch(e, epochs.get(e, []), online)
         per_epoch[str(e)] = e_tokens / e_steps if e_steps else 1.0
         tokens += e_tokens
         steps += e_steps
     return {"tau": tokens / steps if steps else 1.0, "per_epoch": per_epoch,
             "waste": proposed / accepted if accepted else None,
-            "lookup_us_p50": 1e6 * statistics.median(lat) if lat else 0.0}
+            "lookup_us_p50": 1e6 * statistics.median(lat) if lat else 0.0,
+            "per_prompt": dict(per_prompt)}
+
+
+def coefficient_ceiling(result: dict, records: Sequence[TraceRecord]) -> Optional[dict]:
+    """Best fixed reward coefficient chosen per epoch in hindsight, over the `rhyme-w<C>` sources
+    run (plus rhyme and rhyme-noreward): the tau no per-epoch coefficient rule can beat. In replay a
+    store's state at an epoch does not depend on earlier coefficients (a new coefficient
+    re-weights every group), so this mix of runs is one a switching rule could produce."""
+    coefs = {n: float(n[len("rhyme-w"):]) for n in result["sources"] if n.startswith("rhyme-w")}
+    for name in ("rhyme", "rhyme-noreward"):
+        if name in result["sources"]:
+            coefs[name] = StoreConfig(**VARIANTS[name]).reward_weight
+    if len(coefs) < 2:
+        return None
+    tokens: Dict[str, int] = defaultdict(int)
+    for r in records:
+        tokens[str(r.epoch)] += len(r.response_token_ids)
+    per_epoch, total_tokens, total_steps = {}, 0, 0.0
+    for e in result["sources"][next(iter(coefs))]["per_epoch"]:
+        best = max(coefs, key=lambda n: result["sources"][n]["per_epoch"][e])
+        per_epoch[e] = coefs[best]
+        total_tokens += tokens[e]
+        total_steps += tokens[e] / result["sources"][best]["per_epoch"][e]
+    return {"tau": total_tokens / total_steps, "coef_per_epoch": per_epoch}
+
+
+def paired_spread(result: dict, a: str, b: str, resamples: int = 2000, seed: int = 0) -> float:
+    """Standard deviation of tau(a) - tau(b) over bootstrap resamples of the trace's prompts
+    (seeded): how much of a difference between two sources the choice of prompts explains."""
+    pa, pb = result["sources"][a]["per_prompt"], result["sources"][b]["per_prompt"]
+    keys = sorted(pa)
+    tok = np.array([pa[key][0] for key in keys], dtype=float)
+    sa = np.array([pa[key][1] for key in keys], dtype=float)
+    sb = np.array([pb[key][1] for key in keys], dtype=float)
+    idx = np.random.default_rng(seed).integers(0, len(keys), size=(resamples, len(keys)))
+    diffs = tok[idx].sum(1) / sa[idx].sum(1) - tok[idx].sum(1) / sb[idx].sum(1)
+    return float(diffs.std())
 
 
 def run(records: Sequence[TraceRecord], k: int, mode: str, sources: Sequence[str],
@@ -199,6 +242,11 @@ def format_table(result: dict) -> str:
                      + f" {waste:>6} {s['lookup_us_p50']:>9.1f}")
     for name, why in result.get("skipped", {}).items():
         lines.append(f"{name:<18} skipped: {why}")
+    if "rhyme-noreward" in srcs:
+        for name in (n for n in srcs if n.startswith("rhyme") and n != "rhyme-noreward"):
+            diff = srcs[name]["tau"] - srcs["rhyme-noreward"]["tau"]
+            lines.append(f"{name} - rhyme-noreward: {diff:+.3f} (prompt-bootstrap sd "
+                         f"{paired_spread(result, name, 'rhyme-noreward'):.3f})")
     r = ratios(result)
     if r["rhyme/best_baseline"] is not None:
         lines.append(f"rhyme / best baseline ({r['best_baseline']}): {r['rhyme/best_baseline']:.3f}")
@@ -230,7 +278,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     records = read_trace(args.traces)
     result = run(records, args.k, args.mode, sources, args.max_epoch, args.backend)
     result["ratios"] = ratios(result)
+    ceiling = coefficient_ceiling(result, records)
+    if ceiling is not None:
+        result["coefficient_ceiling"] = ceiling
     print(format_table(result))
+    if ceiling is not None:
+        print(f"best reward coefficient per epoch in hindsight: tau {ceiling['tau']:.3f} "
+              f"(coefficients {ceiling['coef_per_epoch']})")
     if args.analyze_branches:
         known = result["sources"].get("rhyme-rankoracle", {}).get("tau")
         result["branches"] = analyze_branches(records, args.k, args.mode, args.max_epoch, known)

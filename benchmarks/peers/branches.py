@@ -131,7 +131,7 @@ class BranchAnalysis(RankOracleSource):
             br = index.branches(occ)
             if len(br) > 1:
                 found = True
-                self.points.append(_point(br, ref[d], adv, ages, d, a, a_oracle))
+                self.points.append(_point(br, ref[d], adv, ages, d, a, a_oracle, self.epoch))
             if ref[d] not in br:
                 break
             occ = index.extend(occ, ref[d])
@@ -143,10 +143,10 @@ class BranchAnalysis(RankOracleSource):
 
 
 def _point(br: Dict[int, List[int]], taken: int, adv: np.ndarray, ages: np.ndarray, depth: int,
-           a: int, a_oracle: int) -> dict:
+           a: int, a_oracle: int, epoch: int) -> dict:
     tokens = list(br)
     rows = [np.asarray(br[t]) for t in tokens]
-    return {"depth": depth, "taken": tokens.index(taken) if taken in br else None,
+    return {"depth": depth, "epoch": epoch, "taken": tokens.index(taken) if taken in br else None,
             "adv": [adv[r] for r in rows], "age": [ages[r] for r in rows],
             "draft_right": a > depth, "oracle_right": a_oracle > depth}
 
@@ -207,6 +207,11 @@ def summarize(points: List[dict], steps: int, steps_with_branch: int, lost: int,
                                           "follows_older": c[2] / c[0], "count_share_newer": c[3] / c[0]}
         for g, c in sorted(by_age.items())}
     out["fit"] = _fit(taken)
+    out["fit_by_epoch"] = {}
+    for e in sorted({p["epoch"] for p in taken}):
+        fit = _fit([p for p in taken if p["epoch"] == e], decays=(0.6,))
+        out["fit_by_epoch"][str(e)] = {"points": sum(p["epoch"] == e for p in taken),
+                                       "best_coef": fit["best_coef"], **fit["grid"]["0.6"]}
     return out
 
 
@@ -214,12 +219,12 @@ def _bin_order(name: str) -> float:
     return -1.0 if name == "0" else float(name.strip("(>").split(",")[0])
 
 
-def _fit(taken: List[dict]) -> dict:
+def _fit(taken: List[dict], decays: Sequence[float] = DECAY_GRID) -> dict:
     """Log-likelihood and top-1 accuracy of the reference's branch choices on a grid of reward
     coefficients and recency decays (the store's model: P(b) ~ sum decay^age exp(coef clip(adv)))."""
     coefs = np.asarray(COEF_GRID)
     table = {}
-    for decay in DECAY_GRID:
+    for decay in decays:
         ll, top1 = np.zeros(len(coefs)), np.zeros(len(coefs))
         for p in taken:
             branches = [np.stack([ag * math.log(decay), np.clip(ad, -2, 2)], axis=1)
@@ -261,4 +266,6 @@ def format_report(rep: dict) -> str:
     lines.append("decay 0.6, coef: " + "  ".join(
         f"{c}: ll {v['loglik_per_point']:.3f} top1 {v['top1']:.3f}" for c, v in row.items()))
     lines.append(f"max-likelihood decay {fit['best_decay']:g}, coef {fit['best_coef']:g}")
+    lines.append("max-likelihood coef per epoch (decay 0.6): " + ", ".join(
+        f"e{e}: {f['best_coef']:g} ({f['points']} points)" for e, f in rep["fit_by_epoch"].items()))
     return "\n".join(lines)

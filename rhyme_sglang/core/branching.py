@@ -93,15 +93,17 @@ def branch_loglik(branches: Sequence[np.ndarray], taken: int, coefs: np.ndarray)
 class RewardFit:
     """Per-epoch maximum-likelihood choice of the reward coefficient from branch choices.
 
-    `observe` adds one branch point; `close_epoch` discounts older evidence by `memory` and
-    returns the grid coefficient with the highest accumulated log-likelihood, or the current
-    coefficient while fewer than `min_points` branch points have been seen."""
+    `observe` adds one branch point; `close_epoch` discounts older evidence by `memory` and moves
+    to the grid coefficient with the highest accumulated log-likelihood when it beats the current
+    coefficient by more than `margin` nats (a likelihood-ratio test: weak evidence keeps the
+    current coefficient) and at least `min_points` branch points have been seen."""
 
     def __init__(self, initial: float, memory: float = 0.5, min_points: int = 20,
-                 grid: Sequence[float] = COEF_GRID) -> None:
+                 margin: float = 2.0, grid: Sequence[float] = COEF_GRID) -> None:
         self.coef = float(initial)
         self.memory = memory
         self.min_points = min_points
+        self.margin = margin
         self.grid = np.asarray(grid, dtype=float)
         self.loglik = np.zeros(len(self.grid))
         self.points = 0.0
@@ -117,8 +119,10 @@ class RewardFit:
         self.points = self.memory * self.points + self._epoch_points
         self._epoch_ll = np.zeros(len(self.grid))
         self._epoch_points = 0
-        if self.points >= self.min_points:
-            self.coef = float(self.grid[int(np.argmax(self.loglik))])
+        best = int(np.argmax(self.loglik))
+        current = float(np.interp(self.coef, self.grid, self.loglik))
+        if self.points >= self.min_points and self.loglik[best] - current > self.margin:
+            self.coef = float(self.grid[best])
         return self.coef
 
     def summary(self) -> dict:

@@ -74,7 +74,7 @@ class StoreConfig:
     history_epochs: Optional[int] = None
     reward_weight: float = 0.5
     reward_rule: str = "fixed"
-    reward_fit_tokens: int = 65536
+    reward_fit_tokens: int = 16384
     sibling_rewards: str = "none"
     advantage_clip: float = 2.0
     use_global: bool = True

@@ -286,6 +286,13 @@ class DraftStore(HistoryUpkeep):
     def active_requests(self) -> Tuple[str, ...]:
         return tuple(self._requests)
 
+    def reward_summary(self) -> dict:
+        """The reward rule, its current coefficient and (online) the fit's evidence."""
+        out = {"rule": self.config.reward_rule, "coef": self.reward_coef}
+        if self._reward_fit is not None:
+            out.update(self._reward_fit.summary())
+        return out
+
     def window_size(self, request_id: str) -> int:
         return self._request(request_id).window.size
 

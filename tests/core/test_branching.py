@@ -98,6 +98,9 @@ def test_online_rule_learns_whether_the_policy_follows_high_advantage_branches(b
         _epoch(ignore, epoch, first, rewards)
         assert follow.check_integrity() and ignore.check_integrity()
     assert follow.reward_coef >= 1.0 and _preferred(follow) == [8]
+    summary = follow.reward_summary()
+    assert summary["rule"] == "online" and summary["coef"] == follow.reward_coef
+    assert summary["points"] > 20 and max(summary["loglik"].values()) == summary["loglik"][f"{summary['coef']:g}"]
     assert ignore.reward_coef <= 0.0 and _preferred(ignore) == [7]
     w = {r.sample: r.weight for r in follow.records() if r.epoch == 0}
     assert w[15] > math.exp(follow.reward_coef) * w[0]   # epoch 0 re-weighted by the new coefficient

@@ -17,7 +17,9 @@ def _check(result, names, k, mode):
     assert result["k"] == k and result["mode"] == mode
     for name in names:
         s = result["sources"][name]
-        assert set(s) == {"tau", "per_epoch", "waste", "lookup_us_p50"}
+        assert set(s) == {"tau", "per_epoch", "waste", "lookup_us_p50", "per_prompt"}
+        assert sum(t for t, _ in s["per_prompt"].values()) / sum(
+            n for _, n in s["per_prompt"].values()) == pytest.approx(s["tau"])
         assert 1.0 <= s["tau"] <= k + 1 and set(s["per_epoch"]) == {"1", "2"}
         assert s["lookup_us_p50"] >= 0
 
