@@ -12,30 +12,34 @@ from typing import Any, Dict, List, Optional
 logger = logging.getLogger(__name__)
 
 
-def forward_full_responses(actors: List[Any], jobs, rewards: Dict[str, float],
-                           generation: List[int]) -> int:
-    """Import each full response its prompt's home engine (where the group was assigned, and
-    where the next epoch sends it) lacks: responses made of several segments (migrated, or
-    re-issued after a restart: the aborted first part never joined a history, and the
-    finishing engine kept only the last part) and responses finished by an engine restarted
-    since. ``replace``: a partial record of the same sample is swapped for the full one.
-    ``jobs``: ``dispatch.Job``s of one rollout; returns how many responses were added."""
-    import ray
-
+def responses_to_forward(jobs, rewards: Dict[str, float], generation: List[int]) -> Dict:
+    """``{(home engine, prompt_id): importable history}`` of the full responses a prompt's home
+    engine (where its group was assigned, and where the next epoch sends it) lacks: responses
+    made of several segments (migrated, or re-issued after a restart: the aborted first part
+    never joined a history, and the finishing engine kept only the last part) and responses
+    finished by an engine restarted since. ``jobs``: ``dispatch.Job``s of one rollout."""
     from rhyme_sglang.core.transfer import response_state
 
-    per_home: Dict[tuple, Dict[str, Any]] = {}
+    out: Dict[tuple, Dict[str, Any]] = {}
     for job in jobs:
-        home = job.engines[0]
         if len(job.engines) == 1 and job.final_generation == generation[job.engine]:
             continue  # one segment, and its engine still holds it
         one = response_state(job.prompt_id, job.prompt_ids, job.response_ids, job.sample,
                              rewards.get(job.key))
-        held = per_home.setdefault((home, job.prompt_id), one)
+        held = out.setdefault((job.engines[0], job.prompt_id), one)
         if held is not one:
             held["records"] += one["records"]
+    return out
+
+
+def forward_full_responses(actors: List[Any], jobs, rewards: Dict[str, float],
+                           generation: List[int]) -> int:
+    """Import :func:`responses_to_forward` into the home engines (``replace``: a partial
+    record of the same sample is swapped for the full one); returns how many were added."""
+    import ray
+
     refs = [actors[home].rhyme_import_history.remote(state, replace=True)
-            for (home, _), state in per_home.items()]
+            for (home, _), state in responses_to_forward(jobs, rewards, generation).items()]
     added = 0
     for ref in refs:
         try:
