@@ -20,6 +20,49 @@ FEW_SHOT = [
      "We subtract 2 from 6: 6 - 2 = 4.\n<answer>4</answer>"),
     ("Calculate 5 + 2 - 1.", "First 5 + 2 = 7, then 7 - 1 = 6.\n<answer>6</answer>"),
 ]
+
+
+def running_sum_solution(terms) -> str:
+    """A worked running sum: one line per term, the running total on each line."""
+    total, lines = terms[0], [f"Start with {terms[0]}."]
+    for t in terms[1:]:
+        lines.append(f"{total} + {t} = {total + t}")
+        total += t
+    return "\n".join(lines) + f"\n<answer>{total}</answer>"
+
+
+def long_addition_solution(a: int, b: int) -> str:
+    """Column addition written digit by digit, units first, with the carry on each line."""
+    da, db = str(a)[::-1], str(b)[::-1]
+    carry, digits, lines = 0, [], []
+    for i in range(max(len(da), len(db))):
+        x, y = int(da[i]) if i < len(da) else 0, int(db[i]) if i < len(db) else 0
+        s = x + y + carry
+        lines.append(f"Digit {i + 1}: {x} + {y} + carry {carry} = {s}, write {s % 10}, carry {s // 10}.")
+        digits.append(str(s % 10))
+        carry = s // 10
+    if carry:
+        lines.append(f"Final carry: write {carry}.")
+        digits.append(str(carry))
+    return "\n".join(lines) + f"\nReading the digits from last to first: {''.join(digits[::-1])}." \
+        + f"\n<answer>{a + b}</answer>"
+
+
+_SUM_TERMS = ([4, 7, 2, 9, 5, 1, 8, 3, 6, 2, 7, 4], [6, 1, 8, 3, 9, 2, 5, 7, 4, 6],
+              [3, 8, 5, 2, 9, 6, 1, 7, 4, 8, 2, 5, 9, 3])
+_ADDENDS = ((4805, 739), (62917, 8254), (350816, 47293))
+# prompt_style -> (instruction, few-shot turns); long structured procedures for long responses
+PROMPT_STYLES = {
+    "default": (INSTRUCTION, FEW_SHOT),
+    "running_sum": (
+        "Add the numbers one at a time, writing the running total on its own line, then give "
+        "the final answer inside <answer>...</answer>.",
+        [("Calculate " + " + ".join(map(str, t)) + ".", running_sum_solution(t)) for t in _SUM_TERMS]),
+    "long_addition": (
+        "Add the two numbers digit by digit from the right, writing each digit and carry on "
+        "its own line, then give the final answer inside <answer>...</answer>.",
+        [(f"Calculate {a} + {b}.", long_addition_solution(a, b)) for a, b in _ADDENDS]),
+}
 EASY_DATASET_CONFIGS = {
     "chain_sum": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
     "basic_arithmetic": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1,
@@ -42,12 +85,15 @@ class Prompt:
             raise ValueError(f"prompt {self.prompt_id!r} has no tokens")
 
 
-def chat_messages(question: str, few_shot: int) -> List[Dict[str, str]]:
+def chat_messages(question: str, few_shot: int, style: str = "default") -> List[Dict[str, str]]:
+    if style not in PROMPT_STYLES:
+        raise ValueError(f"task.prompt_style must be one of {sorted(PROMPT_STYLES)}, got {style!r}")
+    instruction, shots = PROMPT_STYLES[style]
     messages = [{"role": "system", "content": SYSTEM}]
-    for q, a in FEW_SHOT[:few_shot]:
-        messages.append({"role": "user", "content": f"{q}\n{INSTRUCTION}"})
+    for q, a in shots[:few_shot]:
+        messages.append({"role": "user", "content": f"{q}\n{instruction}"})
         messages.append({"role": "assistant", "content": a})
-    messages.append({"role": "user", "content": f"{question}\n{INSTRUCTION}"})
+    messages.append({"role": "user", "content": f"{question}\n{instruction}"})
     return messages
 
 
@@ -66,7 +112,8 @@ def reasoning_gym_prompts(cfg: TaskConfig, tokenizer, seed: int) -> List[Prompt]
     prompts = []
     for i in range(cfg.num_prompts):
         entry = dataset[i]
-        ids = tokenizer.apply_chat_template(chat_messages(entry["question"], cfg.few_shot),
+        ids = tokenizer.apply_chat_template(chat_messages(entry["question"], cfg.few_shot,
+                                                          cfg.prompt_style),
                                             add_generation_prompt=True, tokenize=True)
         if hasattr(ids, "keys"):
             ids = ids["input_ids"]

@@ -35,6 +35,9 @@ def test_step_curve_from_cost_model_interpolates_between_buckets():
     assert curve(4) == pytest.approx(0.08)
     assert curve(2) == pytest.approx(0.06 + (0.08 - 0.06) / 3)
     assert curve(8) == pytest.approx(0.16)
+    by_width = step_curve({"seconds_per_request_step": {"1": {"0": 0.06, "4": 0.07},
+                                                        "4": {"0": 0.02}}})
+    assert by_width(4) == pytest.approx(0.08)
 
 
 def test_bad_arguments():
