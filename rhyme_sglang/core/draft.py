@@ -75,3 +75,54 @@ def accepted_length(draft: Draft, reference: Sequence[int]) -> int:
             break
         node, a = nxt, a + 1
     return a
+
+
+def best_first_order(draft: Draft) -> List[int]:
+    """Node indices in the order a best-first expansion takes them: starting from the root's
+    children, repeatedly the most probable node whose parent is already taken (ties: the
+    earlier node). Path probabilities never grow along a path, so the first ``w`` of them
+    are the ``w`` most probable nodes, and every prefix is ancestor-closed."""
+    children: dict = {}
+    for i, p in enumerate(draft.parents):
+        children.setdefault(p, []).append(i)
+    frontier = list(children.get(-1, ()))
+    order: List[int] = []
+    while frontier:
+        best = min(frontier, key=lambda i: (-draft.probs[i], i))
+        frontier.remove(best)
+        order.append(best)
+        frontier.extend(children.get(best, ()))
+    return order
+
+
+def expected_accepts(draft: Draft, widths: Sequence[int]) -> dict:
+    """``{w: expected accepted draft tokens when verifying the w most probable nodes}``.
+
+    Node i is accepted with (estimated) probability ``probs[i]``, the product of the
+    conditional probabilities along its root path, so the expectation of a node set is
+    the sum of its path probabilities."""
+    prefix = [0.0]
+    for i in best_first_order(draft):
+        prefix.append(prefix[-1] + draft.probs[i])
+    out = {}
+    for w in widths:
+        if not isinstance(w, int) or isinstance(w, bool) or w < 0:
+            raise ValueError(f"draft widths must be ints >= 0, got {w!r}")
+        out[w] = prefix[min(w, len(prefix) - 1)]
+    return out
+
+
+def truncate(draft: Draft, width: int) -> Draft:
+    """The draft restricted to its ``width`` most probable nodes (ancestor-closed, draft order)."""
+    if not isinstance(width, int) or isinstance(width, bool) or width < 0:
+        raise ValueError(f"width must be an int >= 0, got {width!r}")
+    if width >= len(draft.token_ids):
+        return draft
+    keep = sorted(best_first_order(draft)[:width])
+    new_index = {old: new for new, old in enumerate(keep)}
+    probs = [draft.probs[i] for i in keep]
+    return Draft(
+        token_ids=[draft.token_ids[i] for i in keep],
+        parents=[new_index[draft.parents[i]] if draft.parents[i] >= 0 else -1 for i in keep],
+        probs=probs, score=sum(probs), match_len=draft.match_len, source=draft.source,
+    )

@@ -1,47 +1,132 @@
-"""The batch-level speculation budget picks the mode with the higher expected throughput."""
+"""The per-step width choice maximises expected tokens per second over measured step costs."""
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
-from rhyme_sglang.core.cost_model import SpecCostModel, bucket_of
+from rhyme_sglang.core.cost_model import (PLAIN, SpecCostModel, bucket_of, check_widths,
+                                          default_widths)
+from rhyme_sglang.core.draft import Draft, best_first_order, expected_accepts, truncate
 
 
-def test_buckets():
+def test_buckets_and_widths():
     assert [bucket_of(b) for b in (1, 2, 3, 4, 5, 48)] == [1, 2, 4, 4, 8, 64]
     with pytest.raises(ValueError):
         bucket_of(0)
+    assert default_widths(16) == (1, 2, 4, 8, 16)
+    assert default_widths(7) == (1, 2, 4, 7)
+    assert default_widths(1) == (1,)
+    assert check_widths([8, 2, 2]) == (2, 8)
+    for bad in ([0], [], [2.5], [True]):
+        with pytest.raises(ValueError):
+            check_widths(bad)
+    with pytest.raises(ValueError, match="exceeds"):
+        check_widths([4, 16], max_width=8)
 
 
-def test_explores_each_mode_once_then_exploits():
-    m = SpecCostModel(reexplore_every=1000)
-    assert m.should_speculate(4, 2.0) is True  # spec unmeasured -> try it
-    m.observe_step("spec", 4, 0.4)  # 0.1 s per request-step
-    assert m.should_speculate(4, 2.0) is False  # plain unmeasured -> try it
-    m.observe_step("plain", 4, 0.2)  # 0.05 s per request-step
-    # spec: (4 + 2) tokens / 0.4 s = 15 tok/s < plain 20 tok/s
-    assert m.should_speculate(4, 2.0) is False
-    # with 8 expected accepts: 12 / 0.4 = 30 tok/s > 20
-    assert m.should_speculate(4, 8.0) is True
+def test_measures_plain_first_then_explores_then_exploits():
+    m = SpecCostModel(widths=(2, 8), reexplore_every=1000)
+    expected = {2: 1.5 * 4, 8: 2.0 * 4}  # per-request 1.5 / 2.0 expected accepts, bs 4
+    assert m.choose_width(4, expected) == PLAIN
+    m.observe_step(4, PLAIN, 0.20)  # 20 tok/s
+    # both verify cells unmeasured: the curve extrapolates proportionally from 4 tokens;
+    # width 2 (12 tokens, est 0.6 s -> 16.7 tok/s) is within 0.5 of plain: explored first
+    assert m.choose_width(4, expected) == 2
+    m.observe_step(4, 2, 0.24)  # (4 + 6) / 0.24 = 41.7 tok/s
+    # width 8: 36 tokens, proportional beyond 12 tokens: 0.72 s -> 16.7 tok/s < 0.5 * 41.7
+    assert m.choose_width(4, expected) == 2
+    m.observe_step(4, 8, 0.30)  # measured after all: (4 + 8) / 0.3 = 40 tok/s
+    assert m.choose_width(4, expected) == 2
+    assert m.choose_width(4, {2: 6.0, 8: 20.0}) == 8  # (4 + 20) / 0.3 = 80 > 41.7
+    assert m.choose_width(4, {2: 0.1, 8: 0.2}) == PLAIN  # 4.1 / 0.24 = 17 < 20
+
+
+def test_worthless_drafts_mean_plain_decode():
+    m = SpecCostModel()
+    assert m.choose_width(8, {w: 0.0 for w in m.widths}) == PLAIN
+    assert m.choose_width(8, {}) == PLAIN
 
 
 def test_calibration_scales_the_store_estimate():
-    m = SpecCostModel(reexplore_every=1000, alpha=1.0)
-    m.observe_step("spec", 1, 0.02)
-    m.observe_step("plain", 1, 0.01)
-    assert m.should_speculate(1, 0.5) is False  # 1.5 / 0.02 = 75 < 100
+    m = SpecCostModel(widths=(4,), reexplore_every=1000, alpha=1.0)
+    m.observe_step(1, PLAIN, 0.01)
+    m.observe_step(1, 4, 0.02)
+    assert m.choose_width(1, {4: 0.5}) == PLAIN  # 1.5 / 0.02 = 75 < 100
     m.observe_acceptance(predicted=0.5, accepted=2)  # the store under-predicts x4
-    assert m.should_speculate(1, 0.5) is True  # 3 / 0.02 = 150 > 100
+    assert m.choose_width(1, {4: 0.5}) == 4  # 3 / 0.02 = 150 > 100
 
 
-def test_reexplores_the_losing_mode_periodically():
-    m = SpecCostModel(reexplore_every=5)
-    m.observe_step("spec", 1, 1.0)
-    m.observe_step("plain", 1, 0.01)
-    choices = [m.should_speculate(1, 0.0) for _ in range(10)]
-    assert choices.count(True) == 2 and choices.count(False) == 8
+def test_reexplores_the_runner_up_periodically():
+    m = SpecCostModel(widths=(4,), reexplore_every=5)
+    m.observe_step(1, 4, 1.0)
+    m.observe_step(1, PLAIN, 0.01)
+    choices = [m.choose_width(1, {4: 0.5}) for _ in range(10)]
+    assert choices.count(4) == 2 and choices.count(PLAIN) == 8
+
+
+def test_estimate_interpolates_over_tokens_per_forward_and_seed():
+    m = SpecCostModel(widths=(1, 4))
+    m.seed({(2, PLAIN): 0.10, (2, 4): 0.30})  # 2 tokens: 0.1 s, 10 tokens: 0.3 s
+    assert m.step_time(2, 4) == pytest.approx(0.30)
+    assert m.estimate(2, 1) == pytest.approx(0.10 + 0.2 * (4 - 2) / 8)  # 4 tokens
+    assert m.estimate(4, 4) == pytest.approx(0.30 * 20 / 10)  # proportional past the end
+    d = m.as_dict()
+    assert d["widths"] == [1, 4] and set(d["seconds_per_request_step"]["2"]) == {"0", "4"}
 
 
 def test_bad_arguments():
     with pytest.raises(ValueError):
         SpecCostModel(alpha=0.0)
     with pytest.raises(ValueError):
-        SpecCostModel().observe_step("turbo", 1, 0.1)
+        SpecCostModel(widths=())
+    with pytest.raises(ValueError, match="width"):
+        SpecCostModel(widths=(2, 4)).observe_step(1, 3, 0.1)
+    with pytest.raises(ValueError):
+        SpecCostModel().observe_step(1, PLAIN, -1.0)
+
+
+# ---------------------------------------------------------------- draft widths
+def _tree():
+    #   a(0.9) -> b(0.6) -> c(0.3)
+    #   d(0.05)   e(0.5) under a
+    return Draft(token_ids=[10, 11, 12, 13, 14], parents=[-1, 0, 1, -1, 0],
+                 probs=[0.9, 0.6, 0.3, 0.05, 0.5])
+
+
+def test_truncate_keeps_the_most_probable_ancestor_closed_nodes():
+    d = _tree()
+    assert best_first_order(d) == [0, 1, 4, 2, 3]
+    t = truncate(d, 3)
+    assert t.token_ids == [10, 11, 14] and t.parents == [-1, 0, 0]
+    assert t.check_integrity() and t.score == pytest.approx(2.0)
+    assert truncate(d, 0).token_ids == [] and truncate(d, 9) is d
+    assert expected_accepts(d, [0, 1, 3, 5, 8]) == pytest.approx(
+        {0: 0.0, 1: 0.9, 3: 2.0, 5: 2.35, 8: 2.35})
+    with pytest.raises(ValueError):
+        truncate(d, -1)
+    with pytest.raises(ValueError):
+        expected_accepts(d, [1.5])
+
+
+@st.composite
+def _drafts(draw):
+    n = draw(st.integers(0, 12))
+    parents, probs = [], []
+    for i in range(n):
+        p = draw(st.integers(-1, i - 1))
+        parent_prob = 1.0 if p < 0 else probs[p]
+        probs.append(parent_prob * draw(st.floats(0.0, 1.0)))
+        parents.append(p)
+    return Draft(token_ids=list(range(100, 100 + n)), parents=parents, probs=probs)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_drafts(), st.integers(0, 14))
+def test_truncation_is_the_top_w_closed_subtree(draft, width):
+    t = truncate(draft, width)
+    assert len(t) == min(width, len(draft)) and t.check_integrity()
+    kept = set(t.token_ids)
+    for tok, parent in zip(t.token_ids, t.parents):  # ancestor-closed
+        assert parent == -1 or t.token_ids[parent] in kept
+    best = sorted(draft.probs, reverse=True)[:width]
+    assert sum(t.probs) == pytest.approx(sum(best))  # monotone probs: the w most probable
+    assert expected_accepts(draft, [width])[width] == pytest.approx(sum(t.probs))

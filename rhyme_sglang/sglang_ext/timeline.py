@@ -1,0 +1,110 @@
+"""The scheduler's time breakdown, in every mode (vanilla, NGRAM, RHYME), from two hooks.
+
+``run_batch_hook`` (around ``Scheduler.run_batch``) times each forward and classifies it:
+prefill (extend/mixed batches: tokens computed and prefix-cache hits) or a decode step of a
+kind (``plain`` or ``verify_w<width>``; the RHYME worker reports the width it chose, NGRAM
+always verifies ``speculative_num_draft_tokens - 1``). ``result_hook`` (around
+``Scheduler.process_batch_result``) times result processing and counts the tokens the step
+emitted. Gaps between steps count as scheduling while requests are in flight and as idle
+otherwise. The breakdown is read (and its window restarted) with the ``breakdown`` control
+command; for engines without RHYME the scheduler process serves that one command itself
+(:func:`maybe_serve`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from rhyme_sglang.core.breakdown import TimeBreakdown
+
+logger = logging.getLogger(__name__)
+BREAKDOWN = TimeBreakdown()
+_STEP = {"width": None, "fixed_width": None, "tokens_before": 0}
+
+
+def note_width(width: int) -> None:
+    """The RHYME worker's verify width for the step being run (0 = plain decode)."""
+    _STEP["width"] = width
+
+
+def _fixed_width(scheduler) -> int:
+    if _STEP["fixed_width"] is None:
+        algo = getattr(scheduler, "spec_algorithm", None)
+        n = getattr(getattr(scheduler, "server_args", None), "speculative_num_draft_tokens", None)
+        speculative = algo is not None and not getattr(algo, "is_none", lambda: True)()
+        _STEP["fixed_width"] = (n - 1) if speculative and n else 0
+    return _STEP["fixed_width"]
+
+
+def _emitted(batch) -> int:
+    return sum(len(req.output_ids) for req in batch.reqs)
+
+
+def run_batch_hook(original, *args, **kwargs):
+    scheduler, batch = args[0], args[1] if len(args) > 1 else kwargs.get("batch")
+    mode = batch.forward_mode
+    _STEP["width"] = None
+    start = time.perf_counter()
+    BREAKDOWN.on_step_start(start)
+    result = original(*args, **kwargs)
+    seconds = time.perf_counter() - start
+    if mode.is_extend() or mode.is_mixed():
+        cached = sum(len(getattr(req, "prefix_indices", ()) or ()) for req in batch.reqs)
+        tokens = batch.extend_num_tokens or 0
+        BREAKDOWN.on_prefill(start, seconds, len(batch.reqs), int(tokens), int(cached))
+        _STEP["decode"] = None
+    elif mode.is_decode():
+        width = _STEP["width"] if _STEP["width"] is not None else _fixed_width(scheduler)
+        _STEP["decode"] = (start, width, seconds, len(batch.reqs))
+    else:
+        _STEP["decode"] = None
+    return result
+
+
+def result_hook(original, *args, **kwargs):
+    scheduler, batch = args[0], args[1] if len(args) > 1 else kwargs.get("batch")
+    before = _emitted(batch) if batch is not None else 0
+    start = time.perf_counter()
+    result = original(*args, **kwargs)
+    end = time.perf_counter()
+    if batch is None:
+        return result
+    step = _STEP.pop("decode", None)
+    if step is not None:
+        BREAKDOWN.on_decode(step[0], step[1], step[2], step[3], _emitted(batch) - before)
+    busy = any(not req.finished() for req in batch.reqs) or bool(
+        getattr(scheduler, "waiting_queue", None))
+    BREAKDOWN.on_step_end(end - start, busy, end)
+    return result
+
+
+def breakdown(reset: bool = False) -> dict:
+    """The breakdown since the last reset; ``reset`` starts a new window after reading."""
+    out = BREAKDOWN.as_dict()
+    if reset:
+        BREAKDOWN.reset()
+    return out
+
+
+class _BreakdownOnly:
+    """Control-command handler for engines without a RHYME worker."""
+
+    def command(self, name: str, args: dict):
+        if name != "breakdown":
+            raise ValueError(f"this engine was not started with RHYME; only 'breakdown' is served, "
+                             f"got {name!r}")
+        return breakdown(**args)
+
+
+def maybe_serve(server_args) -> None:
+    """In a scheduler process without RHYME, serve ``breakdown`` on the control address."""
+    from rhyme_sglang.sglang_ext.config import RhymeConfig
+    from rhyme_sglang.sglang_ext.plugin import ALGORITHM
+
+    algo = str(getattr(server_args, "speculative_algorithm", "") or "").upper()
+    addr = RhymeConfig.from_env().control_addr
+    if algo != ALGORITHM and addr:
+        from rhyme_sglang.sglang_ext.control import ControlServer
+
+        ControlServer(addr, _BreakdownOnly()).start()
