@@ -32,26 +32,28 @@ def post(url: str, body, raw: bytes | None = None, timeout: float = 60.0, header
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, json.loads(resp.read() or b"null")
     except urllib.error.HTTPError as err:
-        payload = err.read()
-        try:
-            return err.code, json.loads(payload)
-        except json.JSONDecodeError:
-            return err.code, payload.decode(errors="replace")
+        return err.code, _decode(err.read())
+
+
+def _decode(payload: bytes):
+    try:
+        return json.loads(payload or b"null")
+    except json.JSONDecodeError:
+        return payload.decode(errors="replace")
 
 
 def get(url: str, timeout: float = 30.0):
     try:
         with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.status, json.loads(resp.read() or b"null")
+            return resp.status, _decode(resp.read())
     except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"null")
+        return err.code, _decode(err.read())
 
 
 class ServerProcess:
     """A ``python -m rhyme_sglang.launch_server`` subprocess on a free loopback port."""
 
     module = "rhyme_sglang.launch_server"
-    ready_path = "/health"
 
     def __init__(self, args: list[str], log_path: str):
         self.port = _free_port()
@@ -66,15 +68,18 @@ class ServerProcess:
     def base_args(self) -> list[str]:
         return ["--port", str(self.port), "--log-level", "warning"]
 
+    def ready(self) -> bool:
+        return get(self.url + "/health", timeout=2)[0] == 200
+
     def wait_ready(self, timeout: float = 180.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.module} exited early; see {self._log.name}")
             try:
-                if get(self.url + self.ready_path, timeout=2)[0] == 200:
+                if self.ready():
                     return
-            except (OSError, ValueError):
+            except OSError:
                 pass
             time.sleep(1.0)
         raise TimeoutError(f"{self.module} did not become ready")
@@ -97,7 +102,6 @@ class RouterProcess(ServerProcess):
     as healthy."""
 
     module = "sglang_router.launch_router"
-    ready_path = "/health"
 
     def __init__(self, worker_urls: list[str], args: list[str], log_path: str):
         self.worker_urls = list(worker_urls)
@@ -107,3 +111,7 @@ class RouterProcess(ServerProcess):
         return ["--host", "127.0.0.1", "--port", str(self.port), "--worker-urls",
                 *self.worker_urls, "--prometheus-host", "127.0.0.1", "--prometheus-port",
                 str(_free_port()), "--log-level", "warn"]
+
+    def ready(self) -> bool:
+        status, body = get(self.url + "/workers", timeout=2)
+        return status == 200 and isinstance(body, dict) and body.get("total") == len(self.worker_urls)
