@@ -6,8 +6,9 @@ tokens, ``--max-new-tokens`` tokens each with ignore_eos):
 1. HF transformers ``generate`` at batch 1, 8, 32 (in this process, the engine's threads);
 2. a vanilla ``python -m rhyme_sglang.launch_server``: tok/s at batch 1, 8, 32, and the plain
    decode step time at batch 1..32 (a full round minus a one-token round, per step);
-3. a RHYME server (``--verify-width``-token drafts): for each batch a history round, then the
-   same prompts again (perfect history); verify/plain from its ``/rhyme/stats`` cost model;
+3. a RHYME server verifying ``--verify-width`` draft tokens per request (a forward of width + 1
+   tokens per request): for each batch a history round, then the same prompts again (perfect
+   history); verify/plain from its ``/rhyme/stats`` cost model;
 4. the roofline, measured here with the engine's threads: stream bandwidth (a large copy) and
    the time of the model's linear layers at each row count (GEMMs on the real shapes, weights
    hot in cache). A step's bound is max(weight bytes / bandwidth, GEMM time); attention and
@@ -118,12 +119,12 @@ def rhyme_server(model_path: str, dtype: str, vocab: int, prompt_len: int, new_t
     from rhyme_sglang.server_process import ServerProcess, get
 
     srv = ServerProcess(["--model-path", model_path, "--dtype", dtype, "--speculative-algorithm",
-                         "RHYME", "--speculative-num-draft-tokens", str(width)],
+                         "RHYME", "--speculative-num-draft-tokens", str(width + 1)],
                         "/tmp/bench_cpu_engine_rhyme.log")
     try:
         srv.wait_ready(timeout=600)
         _round(srv.url, _prompts(vocab, 4, prompt_len, seed + 99), 8)  # warm-up
-        ratio, tok_s = {}, {}
+        ratio, tok_s, raw = {}, {}, {}
         for b in PLAIN_BATCHES:
             prompts = _prompts(vocab, b, prompt_len, seed + b)
             _round(srv.url, prompts, new_tokens)  # history
@@ -135,7 +136,8 @@ def rhyme_server(model_path: str, dtype: str, vocab: int, prompt_len: int, new_t
             spec, plain = step_costs(stats.get("cost_model", {}), str(b), width)
             if spec and plain:
                 ratio[str(b)] = spec / plain
-        return {"verify_over_plain": ratio, "perfect_history_tok_s": tok_s}
+                raw[str(b)] = {"verify": spec, "plain": plain}
+        return {"verify_over_plain": ratio, "perfect_history_tok_s": tok_s, "cost_model_s": raw}
     finally:
         srv.stop()
 
@@ -212,7 +214,8 @@ def main(argv=None) -> int:
                         help="compute threads of the engine and HF (RHYME_CPU_THREADS); auto = default rule")
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--verify-width", type=int, default=8, help="draft tokens per request")
+    parser.add_argument("--verify-width", type=int, default=8,
+                        help="draft tokens per request in a verify step (8: a 9-token forward)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="tiny model, 16 tokens (smoke run)")
     parser.add_argument("--json", default="out/cpu_engine.json")
@@ -242,7 +245,8 @@ def main(argv=None) -> int:
     width = args.verify_width
 
     hf = hf_throughput(model_path, dtype, prompts, THROUGHPUT_BATCHES, args.max_new_tokens)
-    roof = roofline(model_path, dtype, list(PLAIN_BATCHES) + [b * width for b in VERIFY_ROOFLINE_BATCHES])
+    rows = width + 1  # a verify forward: the last accepted token + ``width`` draft tokens
+    roof = roofline(model_path, dtype, list(PLAIN_BATCHES) + [b * rows for b in VERIFY_ROOFLINE_BATCHES])
     vanilla = vanilla_server(model_path, dtype, prompts, args.max_new_tokens)
     rhyme = rhyme_server(model_path, dtype, vocab, args.prompt_len, args.max_new_tokens, width,
                          args.seed)
@@ -255,10 +259,11 @@ def main(argv=None) -> int:
         "hf_tok_s": hf, "engine_tok_s": vanilla["tok_s"], "verify_over_plain": ratio,
         "step_over_roofline": {
             "plain": {str(b): plain_s[str(b)] / bound(roof, b) for b in PLAIN_BATCHES},
-            "verify": {str(b): ratio[str(b)] * plain_s[str(b)] / bound(roof, b * width)
+            "verify": {str(b): ratio[str(b)] * plain_s[str(b)] / bound(roof, b * rows)
                        for b in VERIFY_ROOFLINE_BATCHES if str(b) in ratio},
         },
         "plain_step_s": plain_s, "perfect_history_tok_s": rhyme["perfect_history_tok_s"],
+        "cost_model_s": rhyme["cost_model_s"],
         "roofline": roof,
     }
     print(f"bench_cpu_engine {args.model} {dtype}, {threads} thread(s), CPU flags "

@@ -22,7 +22,7 @@ from typing import NamedTuple, Optional
 
 logger = logging.getLogger(__name__)
 
-DTYPES = ("bfloat16", "float16", "float32")
+DTYPES = ("bfloat16", "float16", "float32", "half", "float")  # sglang's names
 PROBE_SHAPE = (64, 576, 1536)  # rows x in x out: a SmolLM2 MLP projection at 64 tokens
 PROBE_ENV = "RHYME_GEMM_PROBE"
 _FLAG_RE = re.compile(r"^(avx2|avx512\w*|amx\w*)$")

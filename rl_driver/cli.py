@@ -45,7 +45,9 @@ def overrides_from(args) -> Dict[str, Any]:
 
 class PhaseBars:
     """The CLI's progress sink: a tqdm bar per phase of an epoch (rollout requests with tok/s,
-    train micro-batches) and a line for the weight sync."""
+    train micro-batches, the weight sync)."""
+
+    FORMAT = "{desc}: {n_fmt}/{total_fmt} {unit} |{bar:20}| [{elapsed}{postfix}]"
 
     def __init__(self, nested: bool):
         self.nested = nested  # under an epoch bar: bars on line 2, removed when done
@@ -58,7 +60,8 @@ class PhaseBars:
         if self._bar is None or self._phase != phase or self._bar.total != total:
             self.close()
             self._bar = tqdm(total=total, desc=f"  {phase}", unit=unit, leave=not self.nested,
-                             position=1 if self.nested else None, mininterval=0.5)
+                             position=1 if self.nested else None, mininterval=0.5,
+                             bar_format=self.FORMAT)
             self._phase = phase
         self._bar.n = done
         if postfix:
@@ -74,11 +77,10 @@ class PhaseBars:
         self._show("train", done, total, "micro-batch")
 
     def sync(self, seconds) -> None:
-        from tqdm import tqdm
-
-        self.close()
-        if seconds is not None and not self.nested:
-            tqdm.write(f"  sync: {seconds:.1f}s")
+        if seconds is None:
+            self._show("sync", 0, 1, "step")
+        else:
+            self._show("sync", 1, 1, "step", f"{seconds:.1f}s")
 
     def close(self) -> None:
         if self._bar is not None:

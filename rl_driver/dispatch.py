@@ -183,6 +183,8 @@ class Dispatcher:
         if self.after_submit is not None:
             self.after_submit()
         finished = 0
+        if self.on_progress is not None:
+            self.on_progress(0, len(jobs), 0, 0.0)
         while self._pending:
             done, _ = ray.wait(list(self._pending), num_returns=len(self._pending),
                                timeout=self.config.poll_interval_s)

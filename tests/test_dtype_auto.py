@@ -96,3 +96,4 @@ def test_engine_cpu_threads_kwarg_reaches_the_scheduler_env(monkeypatch):
     out = apply_cpu_defaults({"model_path": "/m", "cpu_threads": 3})
     assert "cpu_threads" not in out and out["model_path"] == "/m"
     assert machine.threads_from_env() == 3
+

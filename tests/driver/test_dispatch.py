@@ -107,8 +107,12 @@ def test_overrunning_requests_migrate_losslessly(ray_cluster):
     # engine 0: four long requests (they overrun a prediction of 10); engine 1: short ones
     jobs = make_jobs([[120, 110, 100, 90], [5, 6]])
     config = DispatchConfig(sampling_params={"max_new_tokens": 200}, poll_interval_s=0.05)
-    result = Dispatcher(pool, config).run(jobs)
+    seen = []
+    result = Dispatcher(pool, config, on_progress=lambda *a: seen.append(a)).run(jobs)
     assert result.stats["migrations"] >= 1
+    # progress: (finished, total, tokens, elapsed) from (0, 6, 0, 0) up to all six finished
+    assert seen[0] == (0, 6, 0, 0.0) and seen[-1][:3] == (6, 6, result.stats["response_tokens"])
+    assert [s[0] for s in seen] == sorted(s[0] for s in seen) and seen[-1][3] > 0
     migrated = [j for j in result.jobs if j.migrations]
     assert migrated and all(j.engines[:2] == [0, 1] for j in migrated)  # first hop: busy -> idle
     check_complete(result.jobs)
