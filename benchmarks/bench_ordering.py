@@ -94,7 +94,7 @@ def run_ordering(model_path, dtype, prompts, args, checkpoint, workdir) -> dict:
                 runs[policy].append({
                     "makespan_s": makespan, "output_tokens": tokens,
                     # decode steps that verified drafts vs plain steps (the cost model's choice)
-                    "decode_steps": {m: after["decode_steps"][m] - before["decode_steps"][m]
+                    "decode_steps": {m: after["decode_steps"][m] - before["decode_steps"].get(m, 0)
                                      for m in after["decode_steps"]},
                     "accepted_draft_tokens": after["accepted_tokens"] - before["accepted_tokens"]})
                 logger.info("ordering %s repeat %d: %.1f s, %d tokens", policy, rep, makespan, tokens)

@@ -30,7 +30,7 @@ class EngineConfig:
     dtype: str = "auto"  # auto = measured (rhyme_sglang.machine): bf16 only where native
     cpu_threads: int = 0  # scheduler compute threads per engine; 0 = the machine's rule
     rhyme: bool = True
-    speculative_num_draft_tokens: int = 8
+    speculative_num_draft_tokens: int = 17  # widths 1..16 per step (the cost model picks)
     rhyme_schedule_policy: str = "lpt"
     max_total_tokens: int = 16384
     mem_fraction_static: float = 0.5
@@ -201,6 +201,7 @@ class LoopConfig:
     trace: bool = True
     report: bool = True
     ray_num_cpus: int = 0  # 0 = let Ray decide
+    save_final: bool = False  # write the final policy as an HF folder (run_dir/final)
 
     def __post_init__(self):
         _check(isinstance(self.epochs, int) and self.epochs >= 1, "loop.epochs", self.epochs,

@@ -31,7 +31,7 @@ from rl_driver.balance import assign_groups, imbalance, predicted_makespan
 from rl_driver.config import RunConfig
 from rl_driver.dispatch import DispatchConfig, Dispatcher, Job
 from rl_driver.grpo import group_advantages
-from rl_driver.metrics import RunState, TraceLog, append_metrics
+from rl_driver.metrics import RunState, TraceLog, append_metrics, summarize_breakdown
 from rl_driver.progress import ProgressSink, wait_train
 from rl_driver.rewards import load_reward_fn
 from rl_driver.tasks import build_prompts
@@ -171,7 +171,9 @@ def run(config: RunConfig, resume: bool = False,
                 pool, dispatch_config, tag=f"{config.name}/e{epoch}/", restart=restart,
                 after_submit=(lambda: on_rollout_start(epoch, pool)) if on_rollout_start else None,
                 on_progress=progress.rollout if progress else None)
+            pool.call_all("rhyme_breakdown", reset=True)
             rollout = dispatcher.run(jobs)
+            breakdown = pool.call_all("rhyme_breakdown", reset=True)
             done = sorted(rollout.jobs, key=lambda j: (ids.index(j.prompt_id), j.sample))
 
             # 3. score
@@ -234,6 +236,7 @@ def run(config: RunConfig, resume: bool = False,
                 "history_responses": [s.get("num_responses") for s in rhyme_stats],
                 "history_memory_bytes": [s.get("memory_bytes") for s in rhyme_stats],
                 "train": {k: v for k, v in train_metrics.items() if k != "train_time_s"},
+                "breakdown": [summarize_breakdown(b) for b in breakdown],
                 "timeline": {str(e): [[s - rollout.stats["start_s"], t - rollout.stats["start_s"]]
                                       for s, t in iv] for e, iv in rollout.busy.items()},
                 "startup_s": startup_s if epoch == state.first_epoch_of_process else 0.0,
@@ -246,6 +249,9 @@ def run(config: RunConfig, resume: bool = False,
                         metrics["tokens_per_s"], metrics["tau"], metrics["bubble_ratio"])
             if on_epoch is not None:
                 on_epoch(metrics)
+        if config.loop.save_final and results:
+            ray.get(trainer.save_pretrained.remote(str(run_dir / "final"),
+                                                   dtype=config.engine.dtype))
     finally:
         pool.shutdown()
         try:

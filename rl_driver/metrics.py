@@ -84,3 +84,11 @@ class TraceLog:
         meta["num_records"] = len(self.records)
         self.meta_path.write_text(json.dumps(meta, indent=2, default=str))
         return self.meta_path
+
+
+def summarize_breakdown(breakdown: Dict[str, Any]) -> Dict[str, Any]:
+    """An engine's time breakdown (``Engine.rhyme_breakdown``) without its step timeline, plus
+    the running-batch size over time as ``[t, batch_size]`` points (for the report's plot)."""
+    out = {k: v for k, v in breakdown.items() if k != "timeline"}
+    out["batch_over_time"] = [[round(t, 3), bs] for t, _, bs, _, _ in breakdown.get("timeline", [])]
+    return out

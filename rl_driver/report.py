@@ -61,6 +61,62 @@ def _plot_timeline(path: Path, metrics: List[Dict[str, Any]]) -> None:
     plt.close(fig)
 
 
+def breakdown_parts(m: Dict[str, Any]) -> Dict[str, float]:
+    """Seconds per part of an epoch's rollout, summed over engines: prefill, decode steps by
+    kind (draft lookups shown apart), result processing, scheduling, idle."""
+    parts: Dict[str, float] = {}
+    for b in m.get("breakdown", []):
+        parts["prefill"] = parts.get("prefill", 0.0) + b["prefill"]["seconds"]
+        parts["draft lookup"] = parts.get("draft lookup", 0.0) + b.get("draft_s", 0.0)
+        for kind, v in b["decode"].items():
+            parts[kind] = parts.get(kind, 0.0) + v["seconds"]
+        for key, name in (("postprocess_s", "result processing"), ("schedule_s", "scheduling"),
+                          ("idle_s", "idle")):
+            parts[name] = parts.get(name, 0.0) + b.get(key, 0.0)
+    draft = parts.pop("draft lookup", 0.0)
+    decode_total = sum(v for k, v in parts.items() if k == "plain" or k.startswith("verify"))
+    if decode_total > 0 and draft > 0:  # draft lookups run inside decode steps
+        for k in list(parts):
+            if k == "plain" or k.startswith("verify"):
+                parts[k] -= draft * parts[k] / decode_total
+        parts["draft lookup"] = draft
+    return parts
+
+
+def _plot_breakdown(path: Path, metrics: List[Dict[str, Any]]) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [(m["epoch"], breakdown_parts(m)) for m in metrics if m.get("breakdown")]
+    if not rows:
+        return False
+    names = sorted({k for _, p in rows for k in p})
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 3.6))
+    bottom = [0.0] * len(rows)
+    for i, name in enumerate(names):
+        vals = [p.get(name, 0.0) for _, p in rows]
+        ax.bar([e for e, _ in rows], vals, bottom=bottom, label=name, color=f"C{i % 10}")
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("engine-seconds")
+    ax.set_title("Where rollout time goes (all engines)")
+    ax.legend(fontsize=6)
+    last = [m for m in metrics if m.get("breakdown")][-1]
+    for e, b in enumerate(last["breakdown"]):
+        pts = b.get("batch_over_time", [])
+        ax2.step([t for t, _ in pts], [n for _, n in pts], where="post", label=f"engine {e}")
+    ax2.set_xlabel("seconds since the engine's rollout start")
+    ax2.set_ylabel("running batch")
+    ax2.set_title(f"Running batch over time (epoch {last['epoch']})")
+    ax2.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
 def write_report(run_dir: Path, title: str = "") -> Path:
     """Plots + a markdown table of the per-epoch metrics in ``run_dir/metrics.jsonl``."""
     run_dir = Path(run_dir)
@@ -77,6 +133,7 @@ def write_report(run_dir: Path, title: str = "") -> Path:
                  {"rollout makespan (s)": [m["rollout_makespan_s"] for m in metrics],
                   "train (s)": [m["train_time_s"] for m in metrics]}, "seconds", "Time per epoch")
     _plot_timeline(run_dir / "timeline.png", metrics)
+    has_breakdown = _plot_breakdown(run_dir / "breakdown.png", metrics)
     lines = [f"# {title or run_dir.name}", "",
              "| epoch | reward | rollout s | tok/s | speedup (tok/s vs ep0) | tau | mean len | "
              "bubble | migrations | train s | sync s |",
@@ -93,6 +150,17 @@ def write_report(run_dir: Path, title: str = "") -> Path:
                   for m in metrics), "",
               "![reward](reward.png) ![tau](tau.png)", "",
               "![rollout time](rollout_time.png)", "", "![timeline](timeline.png)", ""]
+    if has_breakdown:
+        lines += ["Rollout time breakdown (engine-seconds, summed over engines):", "",
+                  "| epoch | " + " | ".join(sorted({k for m in metrics for k in breakdown_parts(m)}))
+                  + " |"]
+        names = sorted({k for m in metrics for k in breakdown_parts(m)})
+        lines.append("|---" * (len(names) + 1) + "|")
+        for m in metrics:
+            parts = breakdown_parts(m)
+            lines.append(f"| {m['epoch']} | " + " | ".join(f"{parts.get(n, 0.0):.1f}" for n in names)
+                         + " |")
+        lines += ["", "![breakdown](breakdown.png)", ""]
     path = run_dir / "report.md"
     path.write_text("\n".join(lines))
     logger.info("report written to %s", path)

@@ -234,6 +234,10 @@ class RolloutActor:
             return {}
         return dict(await self._blocking(self.engine.rhyme_stats))
 
+    async def rhyme_breakdown(self, reset: bool = False) -> Dict[str, Any]:
+        """The engine's time breakdown since the last reset (any mode)."""
+        return dict(await self._blocking(self.engine.rhyme_breakdown, reset))
+
     async def rhyme_save(self, path: str) -> bool:
         if not self.rhyme:
             return False

@@ -58,6 +58,12 @@ PROMPT_STYLES = {
         "Add the numbers one at a time, writing the running total on its own line, then give "
         "the final answer inside <answer>...</answer>.",
         [("Calculate " + " + ".join(map(str, t)) + ".", running_sum_solution(t)) for t in _SUM_TERMS]),
+    # one short worked example with both signs: a short prompt for the demo's longer answers
+    "running_sum_short": (
+        "Go term by term, writing the running total on its own line, then give the final "
+        "answer inside <answer>...</answer>.",
+        [("Calculate 6 + 3 - 2 + 5 - 4.",
+          "Start with 6.\n6 + 3 = 9\n9 - 2 = 7\n7 + 5 = 12\n12 - 4 = 8\n<answer>8</answer>")]),
     "long_addition": (
         "Add the two numbers digit by digit from the right, writing each digit and carry on "
         "its own line, then give the final answer inside <answer>...</answer>.",

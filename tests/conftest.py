@@ -96,6 +96,9 @@ TINY_CONFIGS = {
     "tiny-rhyme": {"speculative_algorithm": "RHYME", "speculative_num_draft_tokens": 8,
                    "rhyme_adaptive": False},
     "tiny-rhyme-adaptive": {"speculative_algorithm": "RHYME", "speculative_num_draft_tokens": 8},
+    # every verify width (1, 2, 4, 8, 16) and plain decode in turn, with every switch
+    "tiny-rhyme-cycle": {"speculative_algorithm": "RHYME", "speculative_num_draft_tokens": 17,
+                         "rhyme_cycle_widths": True},
 }
 
 

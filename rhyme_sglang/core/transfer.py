@@ -113,3 +113,16 @@ def response_state(prompt_id: str, prompt_ids, response_ids, sample: int,
             "prompt_tail": list(check_tokens(prompt_ids, "prompt_ids")), "epoch": epoch,
             "records": [{"epoch": epoch, "sample": sample, "response": list(response_ids),
                          "reward": reward, "rid": None}]}
+
+
+def states_from_responses(responses) -> List[Dict[str, Any]]:
+    """Import states (one per prompt, for `import_prompt`) from finished responses given as
+    ``(prompt_id, prompt_token_ids, epoch, sample, response_token_ids, reward)`` tuples, e.g.
+    a rollout trace's records: how a fresh engine gets the history of a run it did not serve."""
+    states: Dict[str, Dict[str, Any]] = {}
+    for prompt_id, prompt, epoch, sample, response, reward in responses:
+        state = states.setdefault(prompt_id, {"format": FORMAT, "prompt_id": prompt_id,
+                                              "prompt_tail": list(prompt), "records": []})
+        state["records"].append({"epoch": epoch, "sample": sample, "response": list(response),
+                                 "reward": reward})
+    return list(states.values())

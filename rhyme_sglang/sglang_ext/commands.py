@@ -15,6 +15,7 @@ import dataclasses
 import math
 
 from rhyme_sglang.core import DraftStore
+from rhyme_sglang.sglang_ext import timeline
 from rhyme_sglang.sglang_ext.stats import SpecStats
 
 
@@ -34,12 +35,15 @@ class ControlCommands:
     def _cmd_stats(self):
         out = self.stats.as_dict()
         out.update(
-            cost_model=self.cost.as_dict(),
+            cost_model=self.cost.as_dict(), breakdown=timeline.breakdown(),
             epoch=self.store.epoch, num_prompts=self.store.num_prompts,
             num_responses=self.store.num_responses, active_requests=len(self._tracked),
             memory_bytes=self.store.estimate_memory(), backend=self.store.backend,
         )
         return out
+
+    def _cmd_breakdown(self, reset=False):
+        return timeline.breakdown(reset=bool(reset))
 
     def _cmd_set_rewards(self, rewards):
         if not isinstance(rewards, list) or not rewards:

@@ -12,7 +12,7 @@ import os
 import tempfile
 import uuid
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence, Tuple, Union
 
 SCHEDULE_POLICIES = ("lpt", "fcfs")
 _PREFIX = "RHYME_"
@@ -33,7 +33,12 @@ class RhymeConfig:
       ``--rhyme-snapshot-path`` resolve inside it (default ``<cache>/snapshots``, see
       :meth:`snapshot_root`); the in-process ``Engine`` API is not confined.
     * ``control_addr``: ZeroMQ address of the worker's control socket (set automatically).
-    * ``adaptive``: batch-level speculation budget from the measured cost model.
+    * ``adaptive``: choose each decode step's verify width (or a plain decode) from the
+      measured cost model; off = always verify the largest width.
+    * ``widths``: the verify widths (draft tokens per request) a step may use; each at most
+      ``speculative_num_draft_tokens - 1``. None = powers of two below that, plus it.
+    * ``cycle_widths``: diagnostic/test mode: decode steps walk through plain and every
+      width in an order that makes every switch between two of them (lossless tests).
     """
 
     schedule_policy: str = "lpt"
@@ -46,8 +51,12 @@ class RhymeConfig:
     snapshot_dir: Optional[str] = None
     control_addr: Optional[str] = None
     adaptive: bool = True
+    widths: Optional[Tuple[int, ...]] = None
+    cycle_widths: bool = False
 
     def __post_init__(self) -> None:
+        if self.widths is not None:
+            object.__setattr__(self, "widths", parse_widths(self.widths))
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise ValueError(
                 f"rhyme schedule_policy must be one of {SCHEDULE_POLICIES}, got {self.schedule_policy!r}"
@@ -85,6 +94,8 @@ class RhymeConfig:
             key = _PREFIX + f.name.upper()
             if value is None:
                 env.pop(key, None)
+            elif f.name == "widths":
+                env[key] = ",".join(str(w) for w in value)
             else:
                 env[key] = str(int(value) if isinstance(value, bool) else value)
         return env
@@ -98,7 +109,9 @@ class RhymeConfig:
             if raw is None:
                 continue
             default = getattr(cls, f.name, None)
-            if isinstance(default, bool):
+            if f.name == "widths":
+                kwargs[f.name] = raw
+            elif isinstance(default, bool):
                 kwargs[f.name] = raw not in ("0", "false", "False", "")
             elif isinstance(default, int) or f.name == "memory_mb":
                 kwargs[f.name] = int(raw)
@@ -140,6 +153,30 @@ class RhymeConfig:
             given[name] = value
             i += 1
         return cls.from_env({_PREFIX + k.upper(): v for k, v in given.items()}), rest
+
+
+def parse_widths(value: Union[str, Sequence[int]]) -> Tuple[int, ...]:
+    """Verify widths from ``"2,4,8"`` or a sequence of ints (ValueError naming a bad value)."""
+    from rhyme_sglang.core.cost_model import check_widths
+
+    if isinstance(value, str):
+        items = [v.strip() for v in value.split(",") if v.strip()]
+        try:
+            value = [int(v) for v in items]
+        except ValueError:
+            raise ValueError(f"rhyme widths must be comma-separated ints, got {value!r}") from None
+    return check_widths(list(value))
+
+
+def check_widths_fit(config: "RhymeConfig", num_draft_tokens) -> None:
+    """ValueError when a configured verify width exceeds ``num_draft_tokens - 1`` (sglang's
+    ``speculative_num_draft_tokens`` counts the last verified token too; default 8)."""
+    if config.widths is None:
+        return
+    from rhyme_sglang.core.cost_model import check_widths
+
+    n = 8 if num_draft_tokens is None else int(num_draft_tokens)
+    check_widths(list(config.widths), max_width=n - 1)
 
 
 def new_control_addr() -> str:

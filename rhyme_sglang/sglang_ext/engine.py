@@ -23,7 +23,8 @@ apply_cpu_defaults({})  # env + finders before sglang is imported in this proces
 import sglang  # noqa: E402
 from sglang.srt.entrypoints.engine import Engine as _SGLangEngine  # noqa: E402
 
-from rhyme_sglang.sglang_ext.config import RhymeConfig, new_control_addr  # noqa: E402
+from rhyme_sglang.sglang_ext.config import (RhymeConfig, check_widths_fit,  # noqa: E402
+                                            new_control_addr)
 from rhyme_sglang.sglang_ext.control import ControlClient  # noqa: E402
 from rhyme_sglang.sglang_ext.plugin import ALGORITHM  # noqa: E402
 from rhyme_sglang.sglang_ext.process import run_scheduler_process  # noqa: E402
@@ -43,20 +44,28 @@ class Engine(_SGLangEngine):
         kwargs["model_path"] = resolve_model_path(kwargs["model_path"])
         kwargs["dtype"] = resolve_dtype(kwargs.get("dtype", "auto"))
         self.rhyme_config = RhymeConfig.pop_from_kwargs(kwargs)
-        self._rhyme = None
         algo = kwargs.get("speculative_algorithm")
-        if isinstance(algo, str) and algo.upper() == ALGORITHM:
+        self._is_rhyme = isinstance(algo, str) and algo.upper() == ALGORITHM
+        if self._is_rhyme:
             kwargs["speculative_algorithm"] = ALGORITHM
-            self.rhyme_config = dataclasses.replace(self.rhyme_config, control_addr=new_control_addr())
-            self.rhyme_config.to_env()  # read by the spawned scheduler process
-            self._rhyme = ControlClient(self.rhyme_config.control_addr)
+            check_widths_fit(self.rhyme_config, kwargs.get("speculative_num_draft_tokens"))
+        # every engine gets a control channel: RHYME's worker serves all commands, other
+        # modes serve the time breakdown only (rhyme_sglang.sglang_ext.timeline)
+        self.rhyme_config = dataclasses.replace(self.rhyme_config, control_addr=new_control_addr())
+        self.rhyme_config.to_env()  # read by the spawned scheduler process
+        self._rhyme = ControlClient(self.rhyme_config.control_addr)
         super().__init__(**apply_cpu_defaults(kwargs))
 
     # ------------------------------------------------------------------ RHYME API
     def _rhyme_call(self, cmd: str, **args):
-        if self._rhyme is None:
+        if not self._is_rhyme:
             raise ValueError("this engine was not started with speculative_algorithm='RHYME'")
         return self._rhyme.call(cmd, **args)
+
+    def rhyme_breakdown(self, reset: bool = False) -> dict:
+        """Where the scheduler's time went since the last reset (any mode; see
+        :mod:`rhyme_sglang.sglang_ext.timeline`); ``reset`` starts a new window."""
+        return self._rhyme.call("breakdown", reset=bool(reset))
 
     def rhyme_set_rewards(self, rewards: list) -> dict:
         """Rewards for finished requests: ``[{"rid", "reward"}]`` or ``[{"prompt_id", "sample", "reward"}]``."""

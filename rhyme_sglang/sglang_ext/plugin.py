@@ -9,7 +9,9 @@ and three named hooks through sglang's ``HookRegistry``:
   distributed or IPC): the history epoch advances before the next draft;
 * ``ordering_hook`` after ``SchedulePolicy.calc_priority``: longest-predicted-first queue.
 
-Each hook is a no-op unless a RhymeWorker runs in the process.
+Each of these is a no-op unless a RhymeWorker runs in the process. Two more, around
+``Scheduler.run_batch`` and ``Scheduler.process_batch_result``, keep the time breakdown of
+:mod:`.timeline` in every mode.
 """
 
 from __future__ import annotations
@@ -64,8 +66,8 @@ def _spec_class():
             if server_args.max_running_requests is None:
                 server_args.max_running_requests = 48
             server_args.enable_mixed_chunk = False
-            if server_args.speculative_num_draft_tokens is None:
-                server_args.speculative_num_draft_tokens = 8
+            if server_args.speculative_num_draft_tokens is None:  # widths 1, 2, 4, 8, 16
+                server_args.speculative_num_draft_tokens = 17
             server_args.speculative_eagle_topk = server_args.speculative_ngram_max_bfs_breadth
             if server_args.speculative_num_steps is None:
                 server_args.speculative_num_steps = (
@@ -113,4 +115,10 @@ def register() -> None:
         weights_hook, HookType.AFTER)
     HookRegistry.register("sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority",
                           ordering_hook, HookType.AFTER)
+    from rhyme_sglang.sglang_ext import timeline
+
+    HookRegistry.register("sglang.srt.managers.scheduler.Scheduler.run_batch",
+                          timeline.run_batch_hook, HookType.AROUND)
+    HookRegistry.register("sglang.srt.managers.scheduler.Scheduler.process_batch_result",
+                          timeline.result_hook, HookType.AROUND)
     _registered = True

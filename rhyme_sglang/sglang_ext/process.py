@@ -15,4 +15,7 @@ def run_scheduler_process(*args, **kwargs):
         set_scheduler_threads()
     from sglang.srt.managers.scheduler import run_scheduler_process as _run
 
+    from rhyme_sglang.sglang_ext.timeline import maybe_serve
+
+    maybe_serve(args[0] if args else kwargs.get("server_args"))
     return _run(*args, **kwargs)

@@ -41,10 +41,10 @@ class SpecStats:
         self._latency_us: list[float] = []
         self._max = max_latency_samples
         self._next = 0
-        self.steps = {"spec": 0, "plain": 0}
+        self.steps: dict = {}  # decode steps by kind: "plain", "verify_w<width>"
 
-    def count_step(self, mode: str) -> None:
-        self.steps[mode] += 1
+    def count_step(self, kind: str) -> None:
+        self.steps[kind] = self.steps.get(kind, 0) + 1
 
     def record(self, epoch: int, proposed: int, emitted: int) -> None:
         self.by_epoch[epoch].record(proposed, emitted)

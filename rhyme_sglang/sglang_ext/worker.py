@@ -7,6 +7,11 @@ through :mod:`rhyme_sglang.cpu_backend`). Requests are keyed by prompt automatic
 the prompt ids) or by ``custom_params["rhyme_prompt_id"]``; finished responses join the
 history (see :func:`on_batch_result`); the epoch advances after a weight update.
 
+Each decode step verifies a batch-wide width chosen by the cost model (0 = a plain decode):
+sglang's verify path needs one node count for every request of a batch (uniform extend
+lengths, ``[bs, n]`` accept buffers), so widths are per step, not per request; a request
+whose drafts are worthless lowers the batch's expected gain and with it the chosen width.
+
 Thread-safety: the scheduler thread and the control thread both take ``self.lock``.
 """
 
@@ -15,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Optional
 
@@ -23,7 +29,10 @@ import numpy as np
 from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
 from rhyme_sglang.core import DraftStore, lpt_group_order, prompt_key
-from rhyme_sglang.core.cost_model import SpecCostModel
+from rhyme_sglang.core.breakdown import decode_kind
+from rhyme_sglang.core.cost_model import PLAIN, SpecCostModel, check_widths, default_widths
+from rhyme_sglang.core.draft import expected_accepts, truncate
+from rhyme_sglang.sglang_ext import timeline
 from rhyme_sglang.sglang_ext.commands import ControlCommands
 from rhyme_sglang.sglang_ext.config import RhymeConfig
 from rhyme_sglang.sglang_ext.stats import SpecStats
@@ -39,6 +48,31 @@ class _Tracked:
     synced: int = 0  # output tokens already given to the store
     proposed: Optional[int] = None  # real draft tokens of the last verify step
     predicted: float = 0.0  # the store's expected accepted drafts for that step
+    last: Optional[int] = None  # overlap mode: the last accepted token, not yet in output_ids
+
+
+class _WidthViews:
+    """``views[bs]``: the first ``bs`` rows of a preallocated buffer at ``n`` nodes per request
+    (flat, or ``[bs, n]`` when ``rows``), standing in for the NGRAM worker's per-bs lists."""
+
+    def __init__(self, base, n: int, per_req: int, rows: bool):
+        self.base, self.n, self.per_req, self.rows = base, n, per_req, rows
+
+    def __getitem__(self, bs: int):
+        flat = self.base.view(-1)[: bs * self.per_req]
+        return flat.view(bs, self.n) if self.rows else flat
+
+
+_WIDTH_ATTRS = ("draft_token_num", "speculative_num_draft_tokens")
+# NGRAM worker's per-batch-size view lists -> (buffer, power of n per request, [bs, n] rows)
+_VIEWS = {
+    "retrieve_indexes_batch": ("retrieve_indexes", 1, True),
+    "retrieve_next_token_batch": ("retrieve_next_token", 1, True),
+    "retrieve_next_sibling_batch": ("retrieve_next_sibling", 1, True),
+    "positions_batch": ("positions", 1, False),
+    "draft_tokens_batch": ("draft_tokens", 1, False),
+    "tree_mask_batch": ("tree_mask", 2, False),
+}
 
 
 def _custom(req, key):
@@ -60,7 +94,12 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         self.lock = threading.RLock()
         self.store = DraftStore(self.config.store_config())
         self.stats = SpecStats()
-        self.cost = SpecCostModel()
+        self.max_width = self.draft_token_num - 1
+        self.widths = (check_widths(self.config.widths, self.max_width) if self.config.widths
+                       else default_widths(self.max_width))
+        self.cost = SpecCostModel(widths=self.widths)
+        kinds = (PLAIN,) + self.widths  # cycle_widths: every ordered pair (a, b) in turn
+        self._cycle, self._cycle_step = [x for a in kinds for b in kinds for x in (a, b)], -1
         self._pending_drafts = None  # drafts made while deciding, reused by the verify step
         self._tracked: dict[str, _Tracked] = {}
         self._weights_changed = False
@@ -80,29 +119,57 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
 
     # ------------------------------------------------------------ the step
     def forward_batch_generation(self, batch, on_publish=None, pp_proxy_tensors=None):
-        """One step: verify history drafts, or a plain decode when the cost model says so."""
-        decode = batch.forward_mode.is_decode()
-        mode = "spec"
-        if decode and self._can_run_plain(batch):
-            self._pending_drafts = self._build_drafts(batch)
-            if not self.cost.should_speculate(len(batch.reqs), self._pending_drafts[2]):
-                self._pending_drafts, mode = None, "plain"
-                with self.lock:  # nothing was proposed on this step
-                    for req in batch.reqs:
-                        self._tracked[req.rid].proposed = None
+        """One step: prefill, or a decode step at the width the cost model picks (0 = plain)."""
+        if not batch.forward_mode.is_decode():
+            return super().forward_batch_generation(batch, on_publish, pp_proxy_tensors)
+        bs = len(batch.reqs)
+        t0 = time.perf_counter()
+        drafts = self._draft_batch(batch)
+        width = self._choose_width(batch, drafts)
+        self._pending_drafts = self._layout(batch, drafts, width) if width else None
+        timeline.note_width(width)
         start = time.perf_counter()
-        if mode == "plain":
+        timeline.BREAKDOWN.on_draft(start - t0)
+        if width == PLAIN:
             result = self._plain_decode(batch, on_publish)
         else:
-            result = super().forward_batch_generation(batch, on_publish, pp_proxy_tensors)
-        if decode:
-            self.cost.observe_step(mode, len(batch.reqs), time.perf_counter() - start)
-            self.stats.count_step(mode)
+            with self._verify_width(width + 1):
+                result = super().forward_batch_generation(batch, on_publish, pp_proxy_tensors)
+        self.cost.observe_step(bs, width, time.perf_counter() - start)
+        self.stats.count_step(decode_kind(width))
         return result
 
-    def _can_run_plain(self, batch) -> bool:
-        """Plain steps need the synchronous schedule (CPU); with overlap, always speculate."""
-        return self.config.adaptive and not self.enable_overlap and not batch.has_grammar
+    def _choose_width(self, batch, drafts) -> int:
+        """The cost model's width; the largest when widths may not vary (GPU overlap
+        scheduling relays the last step's tokens with a fixed stride; grammar batches) or
+        the model is off (``adaptive=False``)."""
+        if not (self.config.adaptive and not self.enable_overlap and not batch.has_grammar):
+            return self.max_width
+        if self.config.cycle_widths:
+            self._cycle_step += 1
+            return self._cycle[self._cycle_step % len(self._cycle)]
+        expected = {w: 0.0 for w in self.widths}
+        for draft in drafts:
+            for w, e in expected_accepts(draft, self.widths).items():
+                expected[w] += e
+        return self.cost.choose_width(len(batch.reqs), expected)
+
+    @contextmanager
+    def _verify_width(self, n: int):
+        """Run sglang's NGRAM verify path with ``n`` tree nodes per request (n - 1 drafts):
+        its width attributes and the per-batch-size views of its preallocated buffers."""
+        if n == self.draft_token_num:
+            yield
+            return
+        saved = {name: getattr(self, name) for name in _WIDTH_ATTRS + tuple(_VIEWS)}
+        self.draft_token_num = self.speculative_num_draft_tokens = n
+        for name, (base, power, rows) in _VIEWS.items():
+            setattr(self, name, _WidthViews(getattr(self, base), n, n ** power, rows))
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                setattr(self, name, value)
 
     def _plain_decode(self, batch, on_publish):
         """A normal one-token decode inside the speculative schedule (same KV layout as a
@@ -171,11 +238,12 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
     # ------------------------------------------------------------ draft source
     def _prepare_draft_tokens(self, batch):
         pending, self._pending_drafts = self._pending_drafts, None
-        tokens, masks, _ = pending if pending is not None else self._build_drafts(batch)
-        return tokens, masks
+        if pending is None:  # a verify step not prepared by forward_batch_generation
+            pending = self._layout(batch, self._draft_batch(batch), self.draft_token_num - 1)
+        return pending
 
-    def _build_drafts(self, batch):
-        """Sync the store with each request's output, then draft; also the expected accepts."""
+    def _draft_batch(self, batch) -> list:
+        """Sync the store with each request's output, then draft up to the largest width."""
         bs, n = len(batch.reqs), self.draft_token_num
         use_prev = self.enable_overlap and not batch.grammar_needs_sync()
         prev_tokens, prev_lens = [], [0] * bs
@@ -183,28 +251,38 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
             prev_tokens = batch.spec_info.accept_tokens.cpu().tolist()
             prev_lens = batch.spec_info.accept_lens.cpu().tolist()
         self.prev_token_ids, self.prev_accept_lens = prev_tokens, prev_lens
-        tokens = np.empty((bs, n), dtype=np.int64)
-        masks = np.empty((bs, n, n), dtype=bool)
-        expected = 0.0
+        drafts = []
         with self.lock:
             self._maybe_advance_epoch()
             for i, req in enumerate(batch.reqs):
-                out_ids = req.output_ids
                 extra = prev_tokens[i * n : i * n + prev_lens[i]] if use_prev else []
-                self._sync(req, out_ids, extra)
+                self._sync(req, req.output_ids, extra)
                 t0 = time.perf_counter()
-                draft = self.store.speculate(req.rid, n - 1)
+                drafts.append(self.store.speculate(req.rid, self.max_width))
                 self.stats.record_lookup((time.perf_counter() - t0) * 1e6)
                 if extra:
-                    last = extra[-1]
-                else:
-                    last = out_ids[-1] if len(out_ids) else req.origin_input_ids_unpadded[-1]
-                tokens[i], masks[i], real = draft_to_tree(last, draft.token_ids, draft.parents, n)
+                    self._tracked[req.rid].last = extra[-1]
+        return drafts
+
+    def _layout(self, batch, drafts, width: int):
+        """sglang's verify tree (flat tokens, flat ancestor masks) of each request's ``width``
+        most probable draft nodes; records what each request proposed."""
+        bs, n = len(batch.reqs), width + 1
+        tokens = np.empty((bs, n), dtype=np.int64)
+        masks = np.empty((bs, n, n), dtype=bool)
+        with self.lock:
+            for i, (req, draft) in enumerate(zip(batch.reqs, drafts)):
                 tracked = self._tracked[req.rid]
+                last = tracked.last
+                if last is None:
+                    out_ids = req.output_ids
+                    last = out_ids[-1] if len(out_ids) else req.origin_input_ids_unpadded[-1]
+                tracked.last = None
+                draft = truncate(draft, width)
+                tokens[i], masks[i], real = draft_to_tree(last, draft.token_ids, draft.parents, n)
                 tracked.proposed = real
                 tracked.predicted = float(sum(draft.probs[:real]))
-                expected += tracked.predicted
-        return tokens.reshape(-1), masks.reshape(-1), expected
+        return tokens.reshape(-1), masks.reshape(-1)
 
     def _update_ngram_corpus(self, batch):
         """Accepted tokens reach the store at the next draft (or at finish), not here."""

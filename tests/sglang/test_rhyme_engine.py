@@ -55,35 +55,69 @@ def test_greedy_identical_across_epochs(tiny, baseline):
     stats = engine.rhyme_stats()
     assert stats["epoch"] >= 3 and stats["num_responses"] >= 9
     assert stats["per_epoch"]["1"]["tau"] > 3.0
-    assert stats["decode_steps"]["plain"] == 0  # adaptive off: every decode step verified
+    assert set(stats["decode_steps"]) == {"verify_w7"}  # adaptive off: always the widest verify
+
+
+def _assert_greedy_matches(out, baseline):
+    assert [o["output_ids"] for o in out] == baseline["greedy"]
+    for o, ref in zip(out, baseline["greedy_logprobs"]):
+        got = [lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]]
+        assert all(math.isclose(a, b, abs_tol=1e-4) for a, b in zip(got, ref))
 
 
 def test_adaptive_mixes_plain_and_verify_steps_losslessly(tiny, baseline, tiny_model_path):
     engine = tiny("tiny-rhyme-adaptive")
     for _ in range(3):
-        out = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY, return_logprob=True)
-        assert [o["output_ids"] for o in out] == baseline["greedy"]
-        for o, ref in zip(out, baseline["greedy_logprobs"]):
-            got = [lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]]
-            assert all(math.isclose(a, b, abs_tol=1e-4) for a, b in zip(got, ref))
+        _assert_greedy_matches(
+            engine.generate(input_ids=PROMPTS, sampling_params=GREEDY, return_logprob=True),
+            baseline)
         engine.rhyme_advance_epoch()
     # sampled tokens: reported logprobs equal the model's (plain steps included)
+    sampled = engine.generate(input_ids=PROMPTS[:2] * 4, return_logprob=True,
+                              sampling_params={"temperature": 1.0, "max_new_tokens": 24})
+    _assert_logprobs_match_model(tiny_model_path, PROMPTS[:2] * 4, sampled)
+    stats = engine.rhyme_stats()
+    # the cost model measured plain and verify steps (it explores promising cells once)
+    steps = stats["decode_steps"]
+    assert steps["plain"] > 0 and sum(v for k, v in steps.items() if k.startswith("verify")) > 0
+    assert stats["cost_model"]["seconds_per_request_step"]
+
+
+def _assert_logprobs_match_model(model_path, prompts, outputs):
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_path, dtype=torch.float32)
-    sampled = engine.generate(input_ids=PROMPTS[:2] * 4, return_logprob=True,
-                              sampling_params={"temperature": 1.0, "max_new_tokens": 24})
-    for prompt, o in zip(PROMPTS[:2] * 4, sampled):
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    for prompt, o in zip(prompts, outputs):
         with torch.no_grad():
             lp = torch.log_softmax(model(torch.tensor([prompt + o["output_ids"]])).logits[0], -1)
         ref = [lp[len(prompt) - 1 + i, t].item() for i, t in enumerate(o["output_ids"])]
         got = [x for x, _, _ in o["meta_info"]["output_token_logprobs"]]
         assert max(abs(a - b) for a, b in zip(got, ref)) < 1e-3
+
+
+def test_every_verify_width_and_switch_is_lossless(tiny, baseline, tiny_model_path):
+    """Decode steps walk through plain decode and widths 1, 2, 4, 8, 16 so that every switch
+    between two of them happens: greedy tokens and logprobs stay those of normal decoding."""
+    engine = tiny("tiny-rhyme-cycle")
+    engine.rhyme_breakdown(reset=True)
+    for _ in range(3):
+        out = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY, return_logprob=True)
+        _assert_greedy_matches(out, baseline)
+        engine.rhyme_advance_epoch()
+    assert sum(o["meta_info"]["spec_num_correct_drafts"] for o in out) > 0
+    sampled = engine.generate(input_ids=PROMPTS[:2] * 4, return_logprob=True,
+                              sampling_params={"temperature": 1.0, "max_new_tokens": 24})
+    _assert_logprobs_match_model(tiny_model_path, PROMPTS[:2] * 4, sampled)
+    kinds = {"plain"} | {f"verify_w{w}" for w in (1, 2, 4, 8, 16)}
     stats = engine.rhyme_stats()
-    # the cost model measured both step kinds (it explores each once per batch-size bucket)
-    assert stats["decode_steps"]["spec"] > 0 and stats["decode_steps"]["plain"] > 0
-    assert stats["cost_model"]["seconds_per_request_step"]
+    assert kinds <= {k for k, v in stats["decode_steps"].items() if v > 0}
+    breakdown = engine.rhyme_breakdown()
+    assert kinds <= set(breakdown["decode"])
+    assert breakdown["prefill"]["steps"] > 0 and breakdown["prefill"]["tokens"] > 0
+    emitted = sum(v["tokens"] for v in breakdown["decode"].values())
+    assert emitted >= 3 * sum(len(b) - 1 for b in baseline["greedy"])  # first tokens: prefill
+    assert all(e[1] in kinds | {"prefill"} for e in breakdown["timeline"])
 
 
 def test_sampled_token_logprobs_match_non_speculative(tiny, baseline, sampled_sequences):
