@@ -53,8 +53,10 @@ def test_greedy_equals_non_speculative(tiny, baseline, algo):
 
 
 # algorithm-major order: one engine switch per algorithm (sglang allows one engine at a time)
+# "tiny-rhyme-cycle": decode steps walk through plain decode and every verify width 1..16
 CASES = [("tiny-ngram", "temp1"), ("tiny-ngram", "top_p0.9"),
-         ("tiny-rhyme", "temp1"), ("tiny-rhyme", "top_p0.9"), ("tiny-rhyme", "top_k5")]
+         ("tiny-rhyme", "temp1"), ("tiny-rhyme", "top_p0.9"), ("tiny-rhyme", "top_k5"),
+         ("tiny-rhyme-cycle", "temp1")]
 
 
 @pytest.mark.slow
