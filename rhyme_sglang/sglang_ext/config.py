@@ -27,6 +27,8 @@ class RhymeConfig:
     * ``min_draft_prob``: drop draft paths whose estimated probability is below this.
     * ``max_branch``: children considered per draft-tree node (1 = chain drafts).
     * ``epoch_decay``/``reward_weight``: history weighting (see ``rhyme_sglang.core``).
+    * ``reward_rule``: ``fixed`` uses ``reward_weight`` as the advantage coefficient; ``online``
+      refits it at each epoch close from the branches the epoch's responses took.
     * ``memory_mb``: memory budget of the history store (None = unbounded).
     * ``snapshot_path``: load this snapshot at start-up if it exists.
     * ``snapshot_dir``: the server's ``/rhyme/save``, ``/rhyme/load`` and
@@ -46,6 +48,7 @@ class RhymeConfig:
     max_branch: int = 4
     epoch_decay: float = 0.6
     reward_weight: float = 0.5
+    reward_rule: str = "fixed"
     memory_mb: Optional[int] = None
     snapshot_path: Optional[str] = None
     snapshot_dir: Optional[str] = None
@@ -63,6 +66,8 @@ class RhymeConfig:
             )
         if not 0.0 <= self.min_draft_prob <= 1.0:
             raise ValueError(f"rhyme min_draft_prob must be in [0, 1], got {self.min_draft_prob!r}")
+        if self.reward_rule not in ("fixed", "online"):
+            raise ValueError(f"rhyme reward_rule must be 'fixed' or 'online', got {self.reward_rule!r}")
         if self.max_branch < 1:
             raise ValueError(f"rhyme max_branch must be >= 1, got {self.max_branch!r}")
         if self.memory_mb is not None and self.memory_mb <= 0:
@@ -82,7 +87,7 @@ class RhymeConfig:
 
         return StoreConfig(
             max_branch=self.max_branch, min_prob=self.min_draft_prob, epoch_decay=self.epoch_decay,
-            reward_weight=self.reward_weight,
+            reward_weight=self.reward_weight, reward_rule=self.reward_rule,
             memory_budget=None if self.memory_mb is None else self.memory_mb * 2**20,
         )
 
