@@ -141,9 +141,42 @@ def _record_epoch(engine, name, epoch, results, makespan, rewards, report) -> di
     report["requests"].setdefault(name, []).extend(
         {"epoch": epoch, "prompt_id": r["prompt"].prompt_id, "sample": r["sample"],
          "length": len(r["ids"]), "latency_s": r["latency"]} for r in results)
+    _TRACES.setdefault(name, []).extend(_trace_records(epoch, results, rewards))
     logger.info("%s epoch %d: %s", name, epoch,
                 json.dumps({k: round(v, 3) for k, v in stats.items() if isinstance(v, float)}))
     return stats
+
+
+_TRACES: dict = {}  # mode -> its responses as trace records (for the rollout simulator)
+
+
+def _trace_records(epoch, results, rewards) -> list:
+    from rhyme_sglang.core import TraceRecord
+
+    out = []
+    for r, x in zip(results, rewards):
+        reason = (r["meta"].get("finish_reason") or {}).get("type", "stop")
+        out.append(TraceRecord(prompt_id=r["prompt"].prompt_id, epoch=epoch, sample=r["sample"],
+                               prompt_token_ids=list(r["prompt"].token_ids),
+                               response_token_ids=list(r["ids"]), reward=float(x),
+                               finish_reason="length" if reason == "length" else "stop"))
+    return out
+
+
+def _write_traces(json_path, report) -> None:
+    """Each mode's responses as a trace next to the JSON (RHYME modes: with the trajectory's
+    epochs they imported as history), named in ``report["modes"][m]["trace"]``."""
+    from rhyme_sglang.core import write_trace
+
+    if not json_path:
+        return
+    base = Path(json_path)
+    for name, records in _TRACES.items():
+        if name.startswith("rhyme"):
+            records = [r for r in _TRACES["vanilla"] if r.epoch < report["timed_from"]] + records
+        path = base.with_name(f"{base.stem}.{name}.trace.jsonl.gz")
+        write_trace(str(path), records)
+        report["modes"].setdefault(name, {})["trace"] = path.name
 
 
 def trajectory(model_path, dtype, prompts, tok, args, report) -> tuple:
@@ -155,7 +188,8 @@ def trajectory(model_path, dtype, prompts, tok, args, report) -> tuple:
 
     trainer = Trainer(model_path, TrainConfig(lr=args.lr, micro_batch_size=4), seed=args.seed)
     checkpoints, trace = {0: model_path}, []
-    engine = Engine(model_path=model_path, dtype=dtype, log_level="error", **MODES["vanilla"])
+    engine = Engine(model_path=model_path, dtype=dtype, log_level="error",
+                    max_running_requests=args.max_running, **MODES["vanilla"])
     try:
         engine.rhyme_breakdown(reset=True)
         for epoch in range(args.epochs):
@@ -201,7 +235,8 @@ def timed_mode(name, model_path, dtype, prompts, tok, args, checkpoints, trace, 
     from rl_driver.rewards import reasoning_gym_reward
 
     first = args.timed_from
-    engine = Engine(model_path=model_path, dtype=dtype, log_level="error", **MODES[name])
+    engine = Engine(model_path=model_path, dtype=dtype, log_level="error",
+                    max_running_requests=args.max_running, **MODES[name])
     try:
         if name.startswith("rhyme"):
             added = _import_history(engine, trace, first)
@@ -255,6 +290,8 @@ def main(argv=None) -> int:
     parser.add_argument("--timed-from", type=int, default=2,
                         help="first epoch every mode times (earlier ones give history)")
     parser.add_argument("--max-new-tokens", type=int, default=1024)
+    parser.add_argument("--max-running", type=int, default=64,
+                        help="running requests per engine, the same for every mode")
     parser.add_argument("--modes", default="vanilla,ngram,rhyme,rhyme_fixed")
     parser.add_argument("--ordering", action="store_true", help="also run the ordering experiment")
     parser.add_argument("--ordering-datasets", default="chain_sum,gsm_symbolic",
@@ -301,7 +338,11 @@ def main(argv=None) -> int:
     report = {"model": args.model, "dtype": dtype, "cpu_flags": cpu_flags(),
               "prompts": args.prompts, "datasets": args.datasets, "group": args.group,
               "epochs": args.epochs, "timed_from": args.timed_from,
-              "max_new_tokens": args.max_new_tokens, "modes": {}, "per_epoch": {},
+              "max_new_tokens": args.max_new_tokens,
+              "config": {"num_engines": 1, "max_running_requests": args.max_running,
+                         "num_draft_tokens": {m: MODES[m].get("speculative_num_draft_tokens")
+                                              for m in modes}},
+              "modes": {}, "per_epoch": {},
               "breakdown": {}, "requests": {}}
     if args.ordering_only:
         report["ordering"] = _ordering(model_path, dtype, model_path, args)
@@ -327,6 +368,7 @@ def main(argv=None) -> int:
     base = report["modes"]["vanilla"]["makespan_s"]
     report["speedup_vs_vanilla"] = {m: base / r["makespan_s"] for m, r in report["modes"].items()
                                     if m != "vanilla"}
+    _write_traces(args.json, report)
     if args.ordering:
         report["ordering"] = _ordering(model_path, dtype, checkpoints[args.epochs - 1], args)
     line = f"bench_rollout {args.model} ({dtype}, {' '.join(report['cpu_flags'])}): " + ", ".join(

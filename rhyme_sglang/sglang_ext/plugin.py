@@ -20,6 +20,7 @@ import logging
 
 logger = logging.getLogger(__name__)
 ALGORITHM = "RHYME"
+DEFAULT_MAX_RUNNING = 48  # running requests per engine unless --max-running-requests is given
 _registered = False
 
 
@@ -64,7 +65,7 @@ def _spec_class():
             if getattr(server_args, "device", None) == "cpu":
                 server_args.disable_overlap_schedule = True
             if server_args.max_running_requests is None:
-                server_args.max_running_requests = 48
+                server_args.max_running_requests = DEFAULT_MAX_RUNNING
             server_args.enable_mixed_chunk = False
             if server_args.speculative_num_draft_tokens is None:  # widths 1, 2, 4, 8, 16
                 server_args.speculative_num_draft_tokens = 17
