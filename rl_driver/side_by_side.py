@@ -41,7 +41,7 @@ def _history_states(config, before_epoch: int):
     from rhyme_sglang.core import read_trace
     from rhyme_sglang.core.transfer import states_from_responses
 
-    records = read_trace(config.run_dir / "trace.jsonl.gz")
+    records = read_trace(str(config.run_dir / "trace.jsonl.gz"))
     return states_from_responses(
         (r.prompt_id, r.prompt_token_ids, r.epoch, r.sample, r.response_token_ids, r.reward)
         for r in records if r.epoch < before_epoch)
