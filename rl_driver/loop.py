@@ -252,6 +252,7 @@ def run(config: RunConfig, resume: bool = False,
         if config.loop.save_final and results:
             ray.get(trainer.save_pretrained.remote(str(run_dir / "final"),
                                                    dtype=config.engine.dtype))
+            tokenizer.save_pretrained(str(run_dir / "final"))  # an engine needs both
     finally:
         pool.shutdown()
         try:
