@@ -27,6 +27,8 @@ import os
 import time
 from pathlib import Path
 
+from benchmarks.common import write_json
+
 PLAIN_BATCHES = (1, 2, 4, 8, 16, 32)
 THROUGHPUT_BATCHES = (1, 8, 32)
 VERIFY_ROOFLINE_BATCHES = (1, 2, 4, 8)
@@ -275,9 +277,7 @@ def main(argv=None) -> int:
               f"{b}: {r:.2f}" for b, r in report["step_over_roofline"]["plain"].items())
           + " verify " + ", ".join(
               f"{b}: {r:.2f}" for b, r in report["step_over_roofline"]["verify"].items()))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2))
+    write_json(args.json, report)
     return 0
 
 

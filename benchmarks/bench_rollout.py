@@ -42,6 +42,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.common import write_json
+
 logger = logging.getLogger("benchmarks.bench_rollout")
 MODES = {
     "vanilla": {},
@@ -353,15 +355,15 @@ def main(argv=None) -> int:
               f"{sim.get('measured_curve', {}).get('lpt_speedup', float('nan')):.2f} with this "
               f"machine's step costs, x{sim.get('flat_curve', {}).get('lpt_speedup', float('nan')):.2f}"
               f" with a flat (GPU-like) step cost")
-        _write(args.json, report)
+        write_json(args.json, report)
         return 0
     counts = [int(c) for c in str(args.prompts).split(",")]
     prompts, tok = build_prompts(model_path, counts, args.datasets.split(","), args.seed)
     checkpoints, trace = trajectory(model_path, dtype, prompts, tok, args, report)
-    _write(args.json, report)
+    write_json(args.json, report)
     for name in modes[1:]:
         timed_mode(name, model_path, dtype, prompts, tok, args, checkpoints, trace, report)
-        _write(args.json, report)  # partial results survive an interrupted run
+        write_json(args.json, report)  # partial results survive an interrupted run
     for name, epochs in report["per_epoch"].items():
         timed = [e for e in epochs if e["epoch"] >= args.timed_from]
         report["modes"].setdefault(name, {}).update(_mode_summary(timed))
@@ -377,14 +379,8 @@ def main(argv=None) -> int:
     line += " | speedup vs vanilla (epochs >= %d): " % args.timed_from + ", ".join(
         f"{m} x{v:.2f}" for m, v in report["speedup_vs_vanilla"].items())
     print(line)
-    _write(args.json, report)
+    write_json(args.json, report)
     return 0
-
-
-def _write(path, report) -> None:
-    if path:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(report, indent=2, default=str))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ import logging
 import time
 from pathlib import Path
 
+from benchmarks.common import write_json
+
 logger = logging.getLogger("benchmarks.bench_router")
 ROUTES = ("direct", "router-manual", "router-cache-aware", "router-round-robin")
 POLICY = {"router-manual": "manual", "router-cache-aware": "cache_aware",
@@ -208,9 +210,7 @@ def main(argv=None) -> int:
                      + f", split {r['split_prompts_last']}")
     print(f"bench_router {args.model} ({dtype}; cpu {','.join(report['cpu_flags'])}): "
           + "; ".join(parts))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2))
+    write_json(args.json, report)
     return 0
 
 

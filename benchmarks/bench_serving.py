@@ -19,6 +19,8 @@ import json
 import time
 from pathlib import Path
 
+from benchmarks.common import write_json
+
 MODES = {"vanilla": [], "rhyme": ["--speculative-algorithm", "RHYME", "--speculative-num-draft-tokens", "17"]}
 QUESTIONS = ["What is 7 + 5?", "Name the capital of France.", "What is 9 - 4?",
              "Give a synonym of happy.", "What is 3 * 3?", "Name a primary colour.",
@@ -99,9 +101,7 @@ def main(argv=None) -> int:
         f"batch {b}: vanilla {report['modes']['vanilla']['batches'][b]['tokens_per_s']:.0f} tok/s, "
         f"rhyme {report['modes']['rhyme']['batches'][b]['tokens_per_s']:.0f} tok/s "
         f"(x{report['speedup_rhyme_vs_vanilla'][b]:.2f})" for b in map(str, batches)))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2))
+    write_json(args.json, report)
     return 0
 
 
