@@ -89,8 +89,9 @@ def prepare_argv(argv: list[str], cpu_only: bool, dtype_resolver=None) -> list[s
         for flag, value in _CPU_FLAGS:
             if not _has_flag(argv, flag):
                 argv += [flag, value]
-        if not _has_flag(argv, "--disable-cuda-graph"):
-            argv.append("--disable-cuda-graph")
+        for flag in ("--disable-cuda-graph", "--sleep-on-idle"):  # see cpu_defaults.CPU_DEFAULTS
+            if not _has_flag(argv, flag):
+                argv.append(flag)
     return argv
 
 

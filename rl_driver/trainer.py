@@ -135,6 +135,9 @@ class Trainer:
                   "grad_norm": 0.0, "logprob_abs_diff": 0.0}
         steps = 0
         for mb in (m for m in minibatches if m):
+            # micro-batches of similar lengths pad less; the minibatch's loss (token mean over
+            # all of it, gradients summed) does not depend on the order
+            mb = sorted(mb, key=lambda s: len(s["prompt_ids"]) + len(s["response_ids"]))
             num_tokens = float(sum(len(s["response_ids"]) for s in mb))
             self.optimizer.zero_grad(set_to_none=True)
             for i in range(0, len(mb), cfg.micro_batch_size):

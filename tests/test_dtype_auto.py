@@ -97,3 +97,17 @@ def test_engine_cpu_threads_kwarg_reaches_the_scheduler_env(monkeypatch):
     assert "cpu_threads" not in out and out["model_path"] == "/m"
     assert machine.threads_from_env() == 3
 
+
+
+def test_cpu_schedulers_sleep_when_idle():
+    """An idle scheduler blocks on its sockets on CPU (it spun at up to a core beside the
+    trainer): the Engine defaults and launch_server's argv both ask for it, once."""
+    from rhyme_sglang.sglang_ext.cpu_defaults import CPU_DEFAULTS
+
+    assert CPU_DEFAULTS["sleep_on_idle"] is True
+    argv = prepare_argv(["--model-path", "/m", "--dtype", "float32"], cpu_only=True)
+    assert argv.count("--sleep-on-idle") == 1
+    argv = prepare_argv(["--model-path", "/m", "--dtype", "float32", "--sleep-on-idle"], cpu_only=True)
+    assert argv.count("--sleep-on-idle") == 1
+    assert "--sleep-on-idle" not in prepare_argv(["--model-path", "/m", "--dtype", "float32"],
+                                                 cpu_only=False)
