@@ -193,10 +193,10 @@ def trajectory(model_path, dtype, prompts, tok, args, report) -> tuple:
     engine = Engine(model_path=model_path, dtype=dtype, log_level="error",
                     max_running_requests=args.max_running, **MODES["vanilla"])
     try:
-        engine.rhyme_breakdown(reset=True)
         for epoch in range(args.epochs):
             if epoch > 0:
                 _load(engine, checkpoints[epoch])
+            engine.rhyme_breakdown(reset=True)  # the window is this epoch's rollout alone
             results, makespan = _generate_epoch(engine, prompts, args)
             rewards = score(results, tok, reasoning_gym_reward)
             _record_epoch(engine, "vanilla", epoch, results, makespan, rewards, report)
@@ -243,9 +243,11 @@ def timed_mode(name, model_path, dtype, prompts, tok, args, checkpoints, trace, 
         if name.startswith("rhyme"):
             added = _import_history(engine, trace, first)
             logger.info("%s: imported %d history responses of epochs < %d", name, added, first)
-        elif name == "ngram":  # its corpus learns from what it generates
+        elif name == "ngram":  # its corpus learns from what it generates (untimed)
             _load(engine, checkpoints[first - 1])
-            _generate_epoch(engine, prompts, args)
+            results, _ = _generate_epoch(engine, prompts, args)
+            _TRACES.setdefault(name, []).extend(_trace_records(
+                first - 1, results, score(results, tok, reasoning_gym_reward)))
         for epoch in range(first, args.epochs):
             _load(engine, checkpoints[epoch])
             engine.rhyme_breakdown(reset=True)

@@ -40,13 +40,18 @@ Validation (``--validate BENCH_ROLLOUT_JSON``): replays each mode of a measured
 Required fields of that JSON (``VALIDATE_SCHEMA``)::
 
     {"config": {"max_running_requests": int, "num_engines": int,     # 1 if absent
-                "num_draft_tokens": int},                            # SGLang's, k = n - 1
+                "num_draft_tokens": int | {MODE: int | null}},       # SGLang's, k = n - 1
      "modes": {"vanilla" | "ngram" | "rhyme" | "rhyme_fixed": {
          "trace": "path of this mode's responses, all epochs (trace format; relative
                    paths are relative to the JSON file)",
          "epochs": {"<e>": {"makespan_s": float}},                  # measured, e >= 1
          "cost_model": SpecCostModel.as_dict()}}}                   # the engine's table
 
+Each mode is charged its own engine's measured steps when the JSON has bench_rollout's
+``"breakdown": {MODE: [{"timeline": [[t, kind, batch, seconds, tokens], ...]}]}`` (``TimelineTable``:
+vanilla SGLang's plain steps run under its overlap scheduler and cost less than RHYME's
+synchronous ones), else the cost model. A mode whose trace starts at its timed epochs gets
+vanilla's earlier epochs as its history (bench_rollout gave it the shared trajectory's).
 Also accepted: bench_rollout's own layout, ``"per_epoch": {MODE: [{"epoch": e, "makespan_s":
 f}, ...]}`` for the epochs and ``modes.MODE.rhyme_stats.cost_model`` for the table; a mode
 without a cost model (vanilla, ngram) uses the rhyme mode's. A RHYME mode's trace must hold
@@ -167,6 +172,53 @@ class CostModelTable:
 
     def forward_seconds(self, tokens: int) -> float:
         return self.model.estimate(1, max(tokens - 1, 0))
+
+
+class TimelineTable:
+    """Seconds of a step from an engine's measured step timeline (``Engine.rhyme_breakdown``
+    ``timeline`` rows ``[t, kind, batch_size, seconds, tokens]``, kinds ``prefill``, ``plain``,
+    ``verify_w<width>``): the median of each measured (batch size, width) cell, interpolated
+    over batch size within a width, then over width; prefill from a least-squares line of
+    seconds vs tokens. Each mode is charged its own engine's costs (vanilla SGLang's plain
+    steps run under the overlap scheduler, RHYME's under the synchronous one)."""
+
+    def __init__(self, timelines: Sequence[Sequence], name: str = "timeline") -> None:
+        self.name, self.kind = name, "measurement"
+        cells: Dict[int, Dict[int, List[float]]] = {}
+        prefill: List[tuple] = []
+        for row in (r for tl in timelines for r in tl):
+            _, kind, batch, seconds, tokens = row[:5]
+            if kind == "prefill":
+                prefill.append((tokens, seconds))
+            elif kind == "plain" or kind.startswith("verify_w"):
+                width = 0 if kind == "plain" else int(kind[len("verify_w"):])
+                cells.setdefault(width, {}).setdefault(int(batch), []).append(seconds)
+        if not cells:
+            raise ValueError(f"{name}: the timeline has no decode steps")
+        self._cells = {w: sorted((b, statistics.fmean(v)) for b, v in bs.items())
+                       for w, bs in cells.items()}
+        self._prefill = _line(prefill) if prefill else None
+
+    def seconds(self, batch: int, width: float, context: float) -> float:
+        per_width = sorted((w, _interp(pts, batch)) for w, pts in self._cells.items())
+        return max(_interp(per_width, width), 1e-9)
+
+    def forward_seconds(self, tokens: int) -> float:
+        if self._prefill is None:
+            return self.seconds(1, max(tokens - 1, 0), 0.0)
+        a, b = self._prefill
+        return max(a + b * tokens, 1e-9)
+
+
+def _line(points: Sequence[tuple]) -> tuple:
+    """Least-squares (intercept, slope) of y over x (a proportional fit for one distinct x)."""
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    if var == 0:
+        return 0.0, my / mx if mx else 0.0
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var
+    return my - slope * mx, slope
 
 
 def load_table(path: str):
@@ -373,8 +425,8 @@ def validate(bench: dict, bench_dir: str, cfg: SimConfig, backend: str = "auto")
     """Simulated vs measured makespans of a bench_rollout run (schema: ``VALIDATE_SCHEMA``)."""
     conf = bench.get("config", {})
     cfg = replace(cfg, max_running=int(conf.get("max_running_requests", cfg.max_running)),
-                  engines=int(conf.get("num_engines", 1)),
-                  k=int(conf.get("num_draft_tokens", cfg.k + 1)) - 1, length_scale=1)
+                  engines=int(conf.get("num_engines", 1)), length_scale=1)
+    draft_tokens = conf.get("num_draft_tokens", cfg.k + 1)  # one int, or one per mode
     per_mode = {}
     modes = bench.get("modes", {})
     for name, m in modes.items():
@@ -382,17 +434,32 @@ def validate(bench: dict, bench_dir: str, cfg: SimConfig, backend: str = "auto")
             logger.warning("validation: no simulator mode for %r", name)
             continue
         cost_model = _cost_model_of(modes, name)
+        timelines = [b["timeline"] for b in bench.get("breakdown", {}).get(name, [])
+                     if b.get("timeline")]
         measured = m.get("epochs") if isinstance(m.get("epochs"), dict) else \
             {str(e["epoch"]): e for e in bench.get("per_epoch", {}).get(name, [])}
-        for key, value in (("trace", m.get("trace")), ("epochs", measured), ("cost_model", cost_model)):
+        for key, value in (("trace", m.get("trace")), ("epochs", measured),
+                           ("cost_model", cost_model or timelines)):
             if not value:
                 raise ValueError(f"validation JSON: mode {name!r} lacks {key!r}; schema:\n{VALIDATE_SCHEMA}")
-        trace = m["trace"] if os.path.isabs(m["trace"]) else os.path.join(bench_dir, m["trace"])
-        sim = run_mode(name, read_trace(trace), CostModelTable(cost_model, name), cfg, backend)
+        records = read_trace(_path(m["trace"], bench_dir))
+        first = min(int(e) for e in measured)
+        if min(r.epoch for r in records) >= first and modes.get("vanilla", {}).get("trace"):
+            # a mode whose own trace starts at its timed epochs had its history from the
+            # shared trajectory: vanilla's earlier epochs stand for it (same distribution)
+            records = [r for r in read_trace(_path(modes["vanilla"]["trace"], bench_dir))
+                       if r.epoch < first] + records
+        n = draft_tokens.get(name) if isinstance(draft_tokens, dict) else draft_tokens
+        mode_cfg = replace(cfg, k=int(n) - 1) if n else cfg
+        table = TimelineTable(timelines, name) if timelines else CostModelTable(cost_model, name)
+        sim = run_mode(name, records, table, mode_cfg, backend)
         epochs = {}
         for e, v in measured.items():
             if e in sim["per_epoch"] and int(e) >= 1:
-                epochs[e] = {"measured_s": v["makespan_s"], "simulated_s": sim["per_epoch"][e]["makespan_s"]}
+                got = sim["per_epoch"][e]
+                epochs[e] = {"measured_s": v["makespan_s"], "simulated_s": got["makespan_s"],
+                             "measured_tau": v.get("tau"), "simulated_tau": got["tau"],
+                             "simulated_steps": got["steps"]}
         measured = sum(v["measured_s"] for v in epochs.values())
         simulated = sum(v["simulated_s"] for v in epochs.values())
         per_mode[name] = {"measured_s": measured, "simulated_s": simulated,
@@ -400,6 +467,10 @@ def validate(bench: dict, bench_dir: str, cfg: SimConfig, backend: str = "auto")
                           "per_epoch": epochs}
     errors = [v["rel_error"] for v in per_mode.values() if v["rel_error"] is not None]
     return {"max_rel_error": max(errors) if errors else None, "per_mode": per_mode}
+
+
+def _path(path: str, base: str) -> str:
+    return path if os.path.isabs(path) else os.path.join(base, path)
 
 
 def _cost_model_of(modes: dict, name: str) -> Optional[dict]:

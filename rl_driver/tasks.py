@@ -48,6 +48,18 @@ def long_addition_solution(a: int, b: int) -> str:
         + f"\n<answer>{a + b}</answer>"
 
 
+def letter_count_solution(words, letter: str) -> str:
+    """A word-by-word count of ``letter``: one line per word with its count and the running
+    total (case-insensitive, as reasoning-gym's letter_counting scores it)."""
+    total, lines = 0, []
+    for w in words:
+        n = w.lower().count(letter.lower())
+        total += n
+        lines.append(f"{w} -> {n} (total {total})")
+    return "\n".join(lines) + f"\n<answer>{total}</answer>"
+
+
+_COUNT_TEXT = "a cat sat on the mat near seven green trees".split()
 _SUM_TERMS = ([4, 7, 2, 9, 5, 1, 8, 3, 6, 2, 7, 4], [6, 1, 8, 3, 9, 2, 5, 7, 4, 6],
               [3, 8, 5, 2, 9, 6, 1, 7, 4, 8, 2, 5, 9, 3])
 _ADDENDS = ((4805, 739), (62917, 8254), (350816, 47293))
@@ -68,6 +80,13 @@ PROMPT_STYLES = {
         "Add the two numbers digit by digit from the right, writing each digit and carry on "
         "its own line, then give the final answer inside <answer>...</answer>.",
         [(f"Calculate {a} + {b}.", long_addition_solution(a, b)) for a, b in _ADDENDS]),
+    # reasoning-gym letter_counting, counted word by word: long, copy-heavy responses
+    "letter_count_words": (
+        "Go through the text word by word, writing each word with how many times the letter "
+        "appears in it and the running total, then give the final answer inside "
+        "<answer>...</answer>.",
+        [(f'How many times does the letter "e" appear in the text: "{" ".join(_COUNT_TEXT)}"?',
+          letter_count_solution(_COUNT_TEXT, "e"))]),
 }
 EASY_DATASET_CONFIGS = {
     "chain_sum": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},

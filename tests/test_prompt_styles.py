@@ -4,7 +4,8 @@ import re
 
 import pytest
 
-from rl_driver.tasks import PROMPT_STYLES, chat_messages, long_addition_solution, running_sum_solution
+from rl_driver.tasks import (PROMPT_STYLES, chat_messages, letter_count_solution,
+                             long_addition_solution, running_sum_solution)
 
 
 def test_running_sum_example_lines_are_correct_sums():
@@ -26,3 +27,9 @@ def test_styles_build_chat_turns_and_reject_unknown_names():
         assert len(msgs) == 2 + 2 * len(shots) and msgs[-1]["content"].endswith(instruction)
     with pytest.raises(ValueError, match="prompt_style"):
         chat_messages("Calculate 1 + 2.", 1, "poetry")
+
+
+def test_letter_count_example_counts_each_word_and_keeps_the_total():
+    text = letter_count_solution(["Green", "cat", "trees"], "e")
+    assert text.splitlines() == ["Green -> 2 (total 2)", "cat -> 0 (total 2)",
+                                 "trees -> 2 (total 4)", "<answer>4</answer>"]

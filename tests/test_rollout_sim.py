@@ -162,3 +162,35 @@ def test_bad_arguments():
         rs.scale_records([], 0)
     with pytest.raises(ValueError, match="unknown mode"):
         rs.run([], lambda m: None, rs.SimConfig(), ["eagle"])
+
+
+def test_timeline_table_charges_each_mode_its_measured_steps():
+    timeline = [[0.0, "prefill", 4, 1.0, 100], [1.0, "prefill", 4, 3.0, 300],
+                [2.0, "plain", 2, 0.2, 2], [2.2, "plain", 2, 0.4, 2], [2.6, "plain", 4, 0.5, 4],
+                [3.1, "verify_w4", 2, 0.9, 5]]
+    t = rs.TimelineTable([timeline])
+    assert t.seconds(2, 0, 0) == pytest.approx(0.3)  # mean of the bs-2 plain steps
+    assert t.seconds(3, 0, 0) == pytest.approx(0.4)  # between batch sizes
+    assert t.seconds(2, 2, 0) == pytest.approx(0.6)  # between plain and width 4
+    assert t.forward_seconds(200) == pytest.approx(2.0)  # prefill line: 0.01 s per token
+    with pytest.raises(ValueError, match="no decode steps"):
+        rs.TimelineTable([[[0.0, "prefill", 1, 1.0, 10]]])
+
+
+def test_validate_uses_timelines_per_mode_draft_tokens_and_shared_history(tmp_path):
+    path, recs = _trace(tmp_path)
+    own = tmp_path / "own.jsonl"  # a timed mode's trace: only its timed epoch
+    write_trace(str(own), [r for r in recs if r.epoch == 2])
+    steps = [[0.0, "plain", b, 0.01, b] for b in (1, 2, 4)] + \
+        [[0.0, "verify_w8", b, 0.01, b] for b in (1, 2, 4)]
+    bench = {"config": {"max_running_requests": 8, "num_draft_tokens": {"vanilla": None, "rhyme_fixed": 9}},
+             "modes": {"vanilla": {"trace": path.name}, "rhyme_fixed": {"trace": own.name}},
+             "per_epoch": {"vanilla": [{"epoch": 1, "makespan_s": 0.5}, {"epoch": 2, "makespan_s": 0.5}],
+                           "rhyme_fixed": [{"epoch": 2, "makespan_s": 0.1}]},
+             "breakdown": {"vanilla": [{"epoch": 1, "timeline": steps}],
+                           "rhyme_fixed": [{"epoch": 2, "timeline": steps}]}}
+    got = rs.validate(bench, str(tmp_path), rs.SimConfig(prefill=False))
+    assert got["per_mode"]["vanilla"]["simulated_s"] == pytest.approx(1.0)
+    fixed = got["per_mode"]["rhyme_fixed"]["per_epoch"]["2"]
+    # vanilla's epochs 0-1 gave rhyme_fixed its history: repeated responses are drafted
+    assert fixed["simulated_tau"] > 2.0 and fixed["simulated_s"] < 0.5
