@@ -64,6 +64,7 @@ class SpecCostModel:
     calibration: float = 1.0  # actual accepted / predicted accepted (EMA)
     _time: Dict[Tuple[int, int], float] = field(default_factory=dict)  # s per request-step
     _decisions: int = 0
+    _curve: Optional[list] = None  # (tokens per forward, seconds) of every cell; None = stale
 
     def __post_init__(self) -> None:
         self.widths = check_widths(self.widths)
@@ -89,6 +90,7 @@ class SpecCostModel:
         per_req = seconds / batch_size
         old = self._time.get(key)
         self._time[key] = per_req if old is None else (1 - self.alpha) * old + self.alpha * per_req
+        self._curve = None
 
     def observe_acceptance(self, predicted: float, accepted: int) -> None:
         """Calibrate the store's acceptance estimate against a verified step."""
@@ -102,6 +104,7 @@ class SpecCostModel:
         for (batch_size, width), seconds in table.items():
             if width == PLAIN or width in self.widths:
                 self._time[(bucket_of(batch_size), width)] = seconds / batch_size
+        self._curve = None
 
     # ------------------------------------------------------------------ estimates
     def step_time(self, batch_size: int, width: int) -> Optional[float]:
@@ -114,7 +117,9 @@ class SpecCostModel:
         measured = self.step_time(batch_size, width)
         if measured is not None:
             return measured
-        points = sorted({b * (w + 1): s * b for (b, w), s in self._time.items()}.items())
+        if self._curve is None:  # rebuilt after a measurement, not per estimate
+            self._curve = sorted({b * (w + 1): s * b for (b, w), s in self._time.items()}.items())
+        points = self._curve
         if not points:
             return None
         tokens = batch_size * (width + 1)

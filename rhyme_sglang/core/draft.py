@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 
 @dataclass
@@ -23,6 +23,7 @@ class Draft:
     score: float = 0.0
     match_len: int = 0
     source: str = ""
+    _order: Optional[List[int]] = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -81,7 +82,10 @@ def best_first_order(draft: Draft) -> List[int]:
     """Node indices in the order a best-first expansion takes them: starting from the root's
     children, repeatedly the most probable node whose parent is already taken (ties: the
     earlier node). Path probabilities never grow along a path, so the first ``w`` of them
-    are the ``w`` most probable nodes, and every prefix is ancestor-closed."""
+    are the ``w`` most probable nodes, and every prefix is ancestor-closed. Computed once
+    per draft (the width choice and the truncation of one step both read it)."""
+    if draft._order is not None and len(draft._order) == len(draft.token_ids):
+        return draft._order
     children: dict = {}
     for i, p in enumerate(draft.parents):
         children.setdefault(p, []).append(i)
@@ -92,6 +96,7 @@ def best_first_order(draft: Draft) -> List[int]:
         frontier.remove(best)
         order.append(best)
         frontier.extend(children.get(best, ()))
+    draft._order = order
     return order
 
 
