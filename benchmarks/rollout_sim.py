@@ -25,7 +25,8 @@ the batch's mean draft length, as vLLM-style ragged verification does). RHYME mo
 Cost tables (``--cost-table``): a ``benchmarks.gpu_cost_curve`` table (measured or roofline:
 seconds per step vs batch, width and context, interpolated linearly), a cost model's
 ``as_dict()`` (seconds per request-step per batch bucket and width, this machine's measured
-table), or ``cpu``: the cost model each mode's engine measured, read from ``--validate``.
+table), or ``cpu``: each mode's engine's measured steps (its breakdown timelines, else its
+cost model), read from ``--validate``.
 Prefill is charged as one forward over the admitted requests' prompt tokens (and prompt +
 prefix after a migration) from the same table's tokens-per-forward curve.
 
@@ -434,8 +435,7 @@ def validate(bench: dict, bench_dir: str, cfg: SimConfig, backend: str = "auto")
             logger.warning("validation: no simulator mode for %r", name)
             continue
         cost_model = _cost_model_of(modes, name)
-        timelines = [b["timeline"] for b in bench.get("breakdown", {}).get(name, [])
-                     if b.get("timeline")]
+        timelines = _timelines(bench, name)
         measured = m.get("epochs") if isinstance(m.get("epochs"), dict) else \
             {str(e["epoch"]): e for e in bench.get("per_epoch", {}).get(name, [])}
         for key, value in (("trace", m.get("trace")), ("epochs", measured),
@@ -467,6 +467,19 @@ def validate(bench: dict, bench_dir: str, cfg: SimConfig, backend: str = "auto")
                           "per_epoch": epochs}
     errors = [v["rel_error"] for v in per_mode.values() if v["rel_error"] is not None]
     return {"max_rel_error": max(errors) if errors else None, "per_mode": per_mode}
+
+
+def _timelines(bench: dict, name: str) -> list:
+    return [b["timeline"] for b in bench.get("breakdown", {}).get(name, []) if b.get("timeline")]
+
+
+def _measured_table(bench: dict, name: str):
+    """A mode's measured step costs: its engine's timelines, else its (or RHYME's) cost model."""
+    timelines = _timelines(bench, name)
+    if timelines:
+        return TimelineTable(timelines, name)
+    cost_model = _cost_model_of(bench["modes"], name)
+    return CostModelTable(cost_model, name) if cost_model else None
 
 
 def _path(path: str, base: str) -> str:
@@ -511,8 +524,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.cost_table == "cpu":
         if bench is None:
             ap.error("--cost-table cpu reads each mode's measured cost model from --validate")
-        tables = {n: CostModelTable(_cost_model_of(bench["modes"], n), n) for n in bench["modes"]
-                  if _cost_model_of(bench["modes"], n)}
+        tables = {n: _measured_table(bench, n) for n in bench["modes"]
+                  if _measured_table(bench, n) is not None}
         fallback = tables.get("rhyme") or next(iter(tables.values()))
         table_for = lambda name: tables.get(name, fallback)  # noqa: E731
     else:
