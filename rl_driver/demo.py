@@ -46,6 +46,16 @@ def _side_by_side(config) -> None:
           f"(x{r['speedup_makespan']:.2f} makespan)", flush=True)
 
 
+def _stop_ray() -> None:
+    """End the loop's local Ray instance before the side-by-side: SGLang's ``Engine.shutdown``
+    kills every child process of this one, Ray's GCS and raylet included, and the Ray client
+    left behind would then end this process when it cannot reach the GCS."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+
+
 def main(argv=None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
@@ -67,6 +77,7 @@ def main(argv=None) -> int:
           f"{config.engine.num_engines} engine(s), RHYME {'on' if config.engine.rhyme else 'off'}",
           flush=True)
     train(config, progress=False, echo=_echo)
+    _stop_ray()
     if config.loop.save_final and config.engine.rhyme:
         _side_by_side(config)
     print(f"demo finished in {time.time() - t0:.0f}s; report: {config.run_dir / 'report.md'}")

@@ -25,6 +25,7 @@ from sglang.srt.entrypoints.engine import Engine as _SGLangEngine  # noqa: E402
 
 from rhyme_sglang.sglang_ext.config import (RhymeConfig, check_widths_fit,  # noqa: E402
                                             new_control_addr)
+from rhyme_sglang.sglang_ext import own_children  # noqa: E402
 from rhyme_sglang.sglang_ext.control import ControlClient  # noqa: E402
 from rhyme_sglang.sglang_ext.plugin import ALGORITHM  # noqa: E402
 from rhyme_sglang.sglang_ext.process import run_scheduler_process  # noqa: E402
@@ -54,7 +55,9 @@ class Engine(_SGLangEngine):
         self.rhyme_config = dataclasses.replace(self.rhyme_config, control_addr=new_control_addr())
         self.rhyme_config.to_env()  # read by the spawned scheduler process
         self._rhyme = ControlClient(self.rhyme_config.control_addr)
+        before = own_children.children()
         super().__init__(**apply_cpu_defaults(kwargs))
+        self._own_children = own_children.children() - before
 
     # ------------------------------------------------------------------ RHYME API
     def _rhyme_call(self, cmd: str, **args):
@@ -112,7 +115,8 @@ class Engine(_SGLangEngine):
     def shutdown(self):
         if self._rhyme is not None:
             self._rhyme.close()
-        result = super().shutdown()
+        with own_children.sparing(getattr(self, "_own_children", set())):
+            result = super().shutdown()
         self._cancel_background_tasks()
         return result
 
