@@ -18,8 +18,13 @@ import psutil
 
 
 def children() -> Set[int]:
-    """PIDs of this process's direct children."""
-    return {c.pid for c in psutil.Process().children(recursive=False)}
+    """PIDs of this process's direct children, less multiprocessing's resource tracker (a
+    helper of the whole process that the first spawned child starts: killing it with one
+    engine makes the next relaunch it and warn that resources may leak)."""
+    from multiprocessing import resource_tracker
+
+    tracker = getattr(getattr(resource_tracker, "_resource_tracker", None), "_pid", None)
+    return {c.pid for c in psutil.Process().children(recursive=False)} - {tracker}
 
 
 def kill_only(own: Set[int], kill_tree) -> None:

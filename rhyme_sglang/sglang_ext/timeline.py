@@ -41,16 +41,27 @@ def _emitted(batch) -> int:
     return sum(len(req.output_ids) for req in batch.reqs)
 
 
+def _prefix_tokens(batch) -> int:
+    """Tokens of an extend batch's requests already in the KV cache before it runs (prefix-
+    cache hits; for a chunked prefill also the earlier chunks). sglang 0.5.23 keeps the
+    length as ``req.prefix_len``; earlier versions kept the ``prefix_indices`` tensor."""
+    total = 0
+    for req in batch.reqs:
+        n = getattr(req, "prefix_len", None)
+        total += int(n) if n is not None else len(getattr(req, "prefix_indices", ()) or ())
+    return total
+
+
 def run_batch_hook(original, *args, **kwargs):
     scheduler, batch = args[0], args[1] if len(args) > 1 else kwargs.get("batch")
     mode = batch.forward_mode
     _STEP["width"] = None
+    cached = _prefix_tokens(batch) if mode.is_extend() or mode.is_mixed() else 0
     start = time.perf_counter()
     BREAKDOWN.on_step_start(start)
     result = original(*args, **kwargs)
     seconds = time.perf_counter() - start
     if mode.is_extend() or mode.is_mixed():
-        cached = sum(len(getattr(req, "prefix_indices", ()) or ()) for req in batch.reqs)
         tokens = batch.extend_num_tokens or 0
         BREAKDOWN.on_prefill(start, seconds, len(batch.reqs), int(tokens), int(cached))
         _STEP["decode"] = None

@@ -115,6 +115,7 @@ def test_every_verify_width_and_switch_is_lossless(tiny, baseline, tiny_model_pa
     breakdown = engine.rhyme_breakdown()
     assert kinds <= set(breakdown["decode"])
     assert breakdown["prefill"]["steps"] > 0 and breakdown["prefill"]["tokens"] > 0
+    assert breakdown["prefill"]["cached_tokens"] > 0  # rounds 2-3 repeat the prompts
     emitted = sum(v["tokens"] for v in breakdown["decode"].values())
     assert emitted >= 3 * sum(len(b) - 1 for b in baseline["greedy"])  # first tokens: prefill
     assert all(e[1] in kinds | {"prefill"} for e in breakdown["timeline"])
