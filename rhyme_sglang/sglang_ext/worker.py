@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Optional
 
@@ -32,7 +31,7 @@ from rhyme_sglang.core import DraftStore, lpt_group_order, prompt_key
 from rhyme_sglang.core.breakdown import decode_kind
 from rhyme_sglang.core.cost_model import PLAIN, SpecCostModel, check_widths, default_widths
 from rhyme_sglang.core.draft import expected_accepts, truncate
-from rhyme_sglang.sglang_ext import timeline
+from rhyme_sglang.sglang_ext import step_kinds, timeline
 from rhyme_sglang.sglang_ext.commands import ControlCommands
 from rhyme_sglang.sglang_ext.config import RhymeConfig
 from rhyme_sglang.sglang_ext.stats import SpecStats
@@ -49,30 +48,6 @@ class _Tracked:
     proposed: Optional[int] = None  # real draft tokens of the last verify step
     predicted: float = 0.0  # the store's expected accepted drafts for that step
     last: Optional[int] = None  # overlap mode: the last accepted token, not yet in output_ids
-
-
-class _WidthViews:
-    """``views[bs]``: the first ``bs`` rows of a preallocated buffer at ``n`` nodes per request
-    (flat, or ``[bs, n]`` when ``rows``), standing in for the NGRAM worker's per-bs lists."""
-
-    def __init__(self, base, n: int, per_req: int, rows: bool):
-        self.base, self.n, self.per_req, self.rows = base, n, per_req, rows
-
-    def __getitem__(self, bs: int):
-        flat = self.base.view(-1)[: bs * self.per_req]
-        return flat.view(bs, self.n) if self.rows else flat
-
-
-_WIDTH_ATTRS = ("draft_token_num", "speculative_num_draft_tokens")
-# NGRAM worker's per-batch-size view lists -> (buffer, power of n per request, [bs, n] rows)
-_VIEWS = {
-    "retrieve_indexes_batch": ("retrieve_indexes", 1, True),
-    "retrieve_next_token_batch": ("retrieve_next_token", 1, True),
-    "retrieve_next_sibling_batch": ("retrieve_next_sibling", 1, True),
-    "positions_batch": ("positions", 1, False),
-    "draft_tokens_batch": ("draft_tokens", 1, False),
-    "tree_mask_batch": ("tree_mask", 2, False),
-}
 
 
 def _custom(req, key):
@@ -131,9 +106,9 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         start = time.perf_counter()
         timeline.BREAKDOWN.on_draft(start - t0)
         if width == PLAIN:
-            result = self._plain_decode(batch, on_publish)
+            result = step_kinds.plain_decode(self, batch, on_publish)
         else:
-            with self._verify_width(width + 1):
+            with step_kinds.verify_width(self, width + 1):
                 result = super().forward_batch_generation(batch, on_publish, pp_proxy_tensors)
         self.cost.observe_step(bs, width, time.perf_counter() - start)
         self.stats.count_step(decode_kind(width))
@@ -153,87 +128,6 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
             for w, e in expected_accepts(draft, self.widths).items():
                 expected[w] += e
         return self.cost.choose_width(len(batch.reqs), expected)
-
-    @contextmanager
-    def _verify_width(self, n: int):
-        """Run sglang's NGRAM verify path with ``n`` tree nodes per request (n - 1 drafts):
-        its width attributes and the per-batch-size views of its preallocated buffers."""
-        if n == self.draft_token_num:
-            yield
-            return
-        saved = {name: getattr(self, name) for name in _WIDTH_ATTRS + tuple(_VIEWS)}
-        self.draft_token_num = self.speculative_num_draft_tokens = n
-        for name, (base, power, rows) in _VIEWS.items():
-            setattr(self, name, _WidthViews(getattr(self, base), n, n ** power, rows))
-        try:
-            yield
-        finally:
-            for name, value in saved.items():
-                setattr(self, name, value)
-
-    def _plain_decode(self, batch, on_publish):
-        """A normal one-token decode inside the speculative schedule (same KV layout as a
-        verify step that accepted no draft: the last token's KV lands at ``seq_len``)."""
-        import torch
-        from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
-        from sglang.srt.layers.logprob_processor import compute_spec_logprobs
-        from sglang.srt.managers.scheduler import GenerationBatchResult
-        from sglang.srt.speculative.ngram_info import NgramVerifyInput
-
-        bs, n, device = len(batch.reqs), self.draft_token_num, self.device
-        seq_lens = batch.seq_lens
-        batch.input_ids = torch.tensor([req.output_ids[-1] for req in batch.reqs],
-                                       dtype=torch.int64, device=device)
-        batch.out_cache_loc = assign_extend_cache_locs_func(
-            req_pool_indices=batch.req_pool_indices, req_to_token=batch.req_to_token_pool.req_to_token,
-            start_offset=seq_lens, end_offset=seq_lens + 1, batch_size=bs, draft_token_num=1,
-            device=device,
-        )
-        saved = (batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum, batch.spec_info)
-        batch.seq_lens = seq_lens + 1  # plain decode counts the new token in seq_lens
-        if batch.seq_lens_cpu is not None:
-            batch.seq_lens_cpu = batch.seq_lens_cpu + 1
-        batch.seq_lens_sum = (batch.seq_lens_sum or 0) + bs
-        batch.spec_info = None
-        raw_logits = {}
-        runner = self.target_worker.model_runner
-        if batch.return_logprob:
-            # sglang's sampler works on the logits in place; keep the raw ones for logprobs
-            sample = runner.sample
-
-            def keep_raw_then_sample(logits_output, forward_batch):
-                raw_logits["value"] = logits_output.next_token_logits.clone()
-                return sample(logits_output, forward_batch)
-
-            runner.sample = keep_raw_then_sample  # instance attribute, removed below
-        try:
-            out = self.target_worker.forward_batch_generation(batch)
-        finally:
-            batch.seq_lens, batch.seq_lens_cpu, batch.seq_lens_sum, batch.spec_info = saved
-            runner.__dict__.pop("sample", None)
-        predict = out.next_token_ids
-        accept_index = torch.full((bs, n), -1, dtype=torch.int32, device=device)
-        accept_index[:, 0] = torch.arange(bs, dtype=torch.int32, device=device)
-        if batch.return_logprob:
-            out.logits_output.next_token_logits = raw_logits["value"]
-            compute_spec_logprobs(batch, out.logits_output, predict, accept_index=accept_index)
-        accept_lens = torch.ones(bs, dtype=torch.int32, device=device)
-        accept_tokens = torch.zeros(bs, n, dtype=torch.int32, device=device)
-        accept_tokens[:, 0] = predict
-        accept_tokens = accept_tokens.flatten()
-        new_seq_lens = seq_lens + 1
-        if on_publish is not None:
-            on_publish(new_seq_lens)
-        return GenerationBatchResult(
-            logits_output=out.logits_output, next_token_ids=accept_tokens,
-            can_run_cuda_graph=out.can_run_cuda_graph, accept_lens=accept_lens,
-            new_seq_lens=new_seq_lens,
-            next_draft_input=NgramVerifyInput(
-                draft_token_num=n, new_seq_lens=new_seq_lens, accept_tokens=accept_tokens,
-                accept_lens=accept_lens,
-            ),
-            speculative_num_draft_tokens=self.speculative_num_draft_tokens,
-        )
 
     # ------------------------------------------------------------ draft source
     def _prepare_draft_tokens(self, batch):
