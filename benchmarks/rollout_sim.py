@@ -434,12 +434,11 @@ def validate(bench: dict, bench_dir: str, cfg: SimConfig, backend: str = "auto")
         if name not in MODES:
             logger.warning("validation: no simulator mode for %r", name)
             continue
-        cost_model = _cost_model_of(modes, name)
-        timelines = _timelines(bench, name)
+        table = _measured_table(bench, name)
         measured = m.get("epochs") if isinstance(m.get("epochs"), dict) else \
             {str(e["epoch"]): e for e in bench.get("per_epoch", {}).get(name, [])}
         for key, value in (("trace", m.get("trace")), ("epochs", measured),
-                           ("cost_model", cost_model or timelines)):
+                           ("cost_model", table)):
             if not value:
                 raise ValueError(f"validation JSON: mode {name!r} lacks {key!r}; schema:\n{VALIDATE_SCHEMA}")
         records = read_trace(_path(m["trace"], bench_dir))
@@ -451,7 +450,6 @@ def validate(bench: dict, bench_dir: str, cfg: SimConfig, backend: str = "auto")
                        if r.epoch < first] + records
         n = draft_tokens.get(name) if isinstance(draft_tokens, dict) else draft_tokens
         mode_cfg = replace(cfg, k=int(n) - 1) if n else cfg
-        table = TimelineTable(timelines, name) if timelines else CostModelTable(cost_model, name)
         sim = run_mode(name, records, table, mode_cfg, backend)
         epochs = {}
         for e, v in measured.items():
