@@ -175,17 +175,33 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def gemm_seconds(shapes, layers: int, dtype: str, rows: int, repeats: int = 3) -> float:
-    """Time of one forward's linears at ``rows`` tokens (best of ``repeats`` per shape)."""
+def gemm_seconds(shapes, layers: int, dtype: str, rows: int, repeats: int = 3) -> dict:
+    """Time of one forward's linears at ``rows`` tokens (best of ``repeats`` per shape), per
+    kernel: ``plain`` (``F.linear``), ``packed`` (oneDNN with a packed weight, where it can
+    pack) and ``best`` (the faster of the two per shape: what this machine can do)."""
     import torch
+    import torch.nn.functional as F
 
-    total = 0.0
+    from rhyme_sglang.cpu_backend import linear
+
+    total = {"plain": 0.0, "packed": 0.0, "best": 0.0}
     for i, (k, n) in enumerate(shapes):
-        w = torch.randn(k, n).to(getattr(torch, dtype))
+        w = torch.randn(n, k).to(getattr(torch, dtype))
         x = torch.randn(rows, k).to(getattr(torch, dtype))
-        torch.mm(x, w)
-        best = min(_timed(lambda: torch.mm(x, w)) for _ in range(repeats))
-        total += best * (1 if i == len(shapes) - 1 else layers)
+        kernels = {"plain": lambda: F.linear(x, w)}
+        packed = linear.pack(w)
+        if packed is not None:
+            kernels["packed"] = lambda: linear.packed_linear(x, packed, None)
+        times = {}
+        for name, fn in kernels.items():
+            fn()
+            times[name] = min(_timed(fn) for _ in range(repeats))
+        count = 1 if i == len(shapes) - 1 else layers
+        for name, t in times.items():
+            total[name] += t * count
+        total["best"] += min(times.values()) * count
+    if total["packed"] == 0.0:
+        del total["packed"]
     return total
 
 
@@ -199,8 +215,9 @@ def roofline(model_path: str, dtype: str, row_counts) -> dict:
     gemm = {r: gemm_seconds(shapes, layers, dtype, r) for r in sorted(set(row_counts))}
     return {"bandwidth_gb_s": bandwidth / 1e9, "weight_bytes": params * elem,
             "memory_s": params * elem / bandwidth,
-            "gemm_s": {str(r): s for r, s in gemm.items()},
-            "gemm_gflop_s": {str(r): 2 * params * r / s / 1e9 for r, s in gemm.items()}}
+            "gemm_s": {str(r): g["best"] for r, g in gemm.items()},
+            "gemm_by_kernel_s": {str(r): g for r, g in gemm.items()},
+            "gemm_gflop_s": {str(r): 2 * params * r / g["best"] / 1e9 for r, g in gemm.items()}}
 
 
 def bound(roof: dict, rows: int) -> float:

@@ -31,6 +31,9 @@ STANDIN_PACKAGE = "rhyme_sglang.cpu_backend.standin"
 _PATCHED_MODULES = (
     "sglang.srt.arg_groups.overrides",
     "sglang.srt.speculative.eagle_utils",
+    "sglang.srt.layers.quantization.unquant",
+    "sglang.srt.layers.logits_processor",
+    "sglang.srt.model_executor.model_runner_components.weight_updater",
 )
 
 

@@ -10,6 +10,13 @@ Applied by :mod:`.bootstrap` right after the target module executes, only while 
 * ``lossless_sampling_verify`` (``sglang.srt.speculative.eagle_utils``): on CPU sglang
   commits the target argmax even for sampled requests (no CPU sampling-verify kernel);
   we route sampled requests through our lossless tree verification and prob renorms.
+* ``packed_cpu_linear`` (``sglang.srt.layers.quantization.unquant``) and
+  ``packed_cpu_lm_head`` (``sglang.srt.layers.logits_processor``): CPU linears and the
+  lm_head run through :mod:`.linear` (oneDNN with packed weights at the row counts where this
+  machine measures it faster than ``F.linear``).
+* ``repack_after_weight_updates``
+  (``sglang.srt.model_executor.model_runner_components.weight_updater``): every in-place
+  weight update marks the packs of :mod:`.linear` stale.
 """
 
 from __future__ import annotations
@@ -42,9 +49,78 @@ def lossless_sampling_verify(eagle_utils) -> None:
     APPLIED.add("lossless_sampling_verify")
 
 
+def packed_cpu_linear(unquant) -> None:
+    from rhyme_sglang.cpu_backend import linear
+
+    method = unquant.UnquantizedLinearMethod
+    original = method.apply
+
+    def apply(self, layer, x, bias=None):
+        weight = getattr(layer, "weight", None)
+        if (weight is None or unquant.use_intel_amx_backend(layer)
+                or not linear.applies(layer, x, weight)):
+            return original(self, layer, x, bias)
+        return linear.linear(layer, x, weight, bias)
+
+    method.apply = apply
+    APPLIED.add("packed_cpu_linear")
+
+
+def packed_cpu_lm_head(logits_processor) -> None:
+    from rhyme_sglang.cpu_backend import linear
+
+    processor = logits_processor.LogitsProcessor
+    original = processor._compute_lm_head
+
+    def _compute_lm_head(self, hidden_states, lm_head, embedding_bias=None, *, out=None):
+        # only the branch sglang takes on CPU for a plain (tied or untied) lm_head:
+        # ``torch.matmul(hidden_states, lm_head.weight.T)``
+        weight = getattr(lm_head, "weight", None)
+        if (weight is None or hasattr(lm_head, "set_lora")
+                or logits_processor.should_apply_lm_head_quant_method(
+                    lm_head, getattr(lm_head, "quant_method", None))
+                or getattr(self, "use_fp32_lm_head", False)
+                or getattr(self, "rl_on_policy_target", None) is not None
+                or logits_processor.use_intel_amx_backend(lm_head)
+                or not linear.applies(lm_head, hidden_states, weight)):
+            return original(self, hidden_states, lm_head, embedding_bias, out=out)
+        return linear.linear(lm_head, hidden_states, weight)
+
+    processor._compute_lm_head = _compute_lm_head
+    APPLIED.add("packed_cpu_lm_head")
+
+
+_UPDATE_METHODS = ("update_weights_from_disk", "update_weights_from_tensor",
+                   "load_weights_from_distributed", "end_weight_update",
+                   "update_weights_from_ipc")
+
+
+def repack_after_weight_updates(weight_updater) -> None:
+    from rhyme_sglang.cpu_backend import linear
+
+    cls = weight_updater.WeightUpdater
+    for name in _UPDATE_METHODS:
+        original = getattr(cls, name, None)
+        if original is None:
+            raise AttributeError(f"sglang's WeightUpdater has no {name}: the repack hook needs it")
+
+        def wrapped(self, *args, __original=original, **kwargs):
+            try:
+                return __original(self, *args, **kwargs)
+            finally:  # even a failed update may have written part of the weights
+                linear.weights_changed()
+
+        wrapped.__name__ = name
+        setattr(cls, name, wrapped)
+    APPLIED.add("repack_after_weight_updates")
+
+
 _BY_MODULE = {
     "sglang.srt.arg_groups.overrides": keep_intel_amx_attention,
     "sglang.srt.speculative.eagle_utils": lossless_sampling_verify,
+    "sglang.srt.layers.quantization.unquant": packed_cpu_linear,
+    "sglang.srt.layers.logits_processor": packed_cpu_lm_head,
+    "sglang.srt.model_executor.model_runner_components.weight_updater": repack_after_weight_updates,
 }
 
 

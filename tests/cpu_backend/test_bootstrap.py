@@ -93,8 +93,21 @@ def test_patches_apply_in_a_fresh_process():
         cpu_backend.activate()
         from sglang.srt.speculative import eagle_utils
         from sglang.srt.arg_groups import overrides
-        from rhyme_sglang.cpu_backend import patches
-        assert patches.APPLIED == {"keep_intel_amx_attention", "lossless_sampling_verify"}, patches.APPLIED
+        from sglang.srt.layers.quantization import unquant
+        from sglang.srt.layers import logits_processor
+        from sglang.srt.model_executor.model_runner_components import weight_updater
+        from rhyme_sglang.cpu_backend import linear, patches
+        assert patches.APPLIED == {"keep_intel_amx_attention", "lossless_sampling_verify",
+                                   "packed_cpu_linear", "packed_cpu_lm_head",
+                                   "repack_after_weight_updates"}, patches.APPLIED
+        # every weight-update entry point marks the packs stale, even when it fails
+        for name in patches._UPDATE_METHODS:
+            before = linear.generation()
+            try:
+                getattr(weight_updater.WeightUpdater, name)(None)
+            except Exception:
+                pass
+            assert linear.generation() == before + 1, name
         assert eagle_utils.tree_speculative_sampling_target_only is not None
         assert not eagle_utils._verify_uses_greedy(is_all_greedy=False, is_cpu=True, is_hip=False,
                                                    is_xpu=False, use_rejection_sampling=False)

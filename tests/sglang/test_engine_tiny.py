@@ -1,12 +1,23 @@
-"""Our Engine on the tiny model: HF parity, weight updates, flush, pause/continue."""
+"""Our Engine on the tiny model: HF parity, weight updates, flush, pause/continue.
+
+The engine here runs every CPU linear and the lm_head through the packed oneDNN kernel
+(``RHYME_CPU_LINEAR=packed``; the default measures per machine and shape, and may not pick
+it for the tiny model's shapes), so HF parity and the weight updates cover that path:
+a stale pack after an update would fail ``test_weight_update_from_tensor_then_disk``.
+"""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
 from tests.helpers import hf_greedy
 
 pytestmark = pytest.mark.sglang
+
+# before the module's engine starts (the Makefile runs each engine module in its own pytest)
+os.environ["RHYME_CPU_LINEAR"] = "packed"
 
 PROMPTS = [[1, 5, 6, 7, 8], [3, 4, 5], [10, 11, 12, 13, 14, 15, 16, 17] * 3]
 GREEDY = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}

@@ -1,0 +1,105 @@
+"""The CPU linear kernel choice: packed oneDNN products equal F.linear, packs follow weight
+updates, the per-machine choice is measured once and cached, bad modes are refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rhyme_sglang.cpu_backend import linear
+
+CAN_PACK = linear.pack(torch.randn(8, 4)) is not None
+
+
+def _layer():
+    return torch.nn.Module()
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(linear, "_choices", {})
+
+
+@pytest.mark.skipif(not CAN_PACK, reason="oneDNN cannot pack fp32 weights here")
+@pytest.mark.parametrize("rows", [1, 2, 3, 9, 17, 64, 300])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_packed_matches_f_linear(monkeypatch, rows, with_bias):
+    monkeypatch.setenv(linear.MODE_ENV, "packed")
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(96, 40, generator=gen)
+    bias = torch.randn(96, generator=gen) if with_bias else None
+    x = torch.randn(rows, 40, generator=gen)
+    layer = _layer()
+    out = linear.linear(layer, x, weight, bias)
+    torch.testing.assert_close(out, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+    assert layer._rhyme_cpu_linear.packed is not None  # the packed kernel really ran
+    x3 = x.reshape(1, rows, 40)  # leading dims are kept
+    assert linear.linear(layer, x3, weight, bias).shape == (1, rows, 96)
+
+
+@pytest.mark.skipif(not CAN_PACK, reason="oneDNN cannot pack fp32 weights here")
+def test_pack_follows_weight_updates(monkeypatch):
+    monkeypatch.setenv(linear.MODE_ENV, "packed")
+    weight = torch.nn.Parameter(torch.randn(32, 16), requires_grad=False)
+    x = torch.randn(4, 16)
+    layer = _layer()
+    linear.linear(layer, x, weight)
+    new = torch.randn(32, 16)
+    weight.data.copy_(new)  # what sglang's weight loaders do: invisible to the version counter
+    linear.weights_changed()
+    torch.testing.assert_close(linear.linear(layer, x, weight), F.linear(x, new), rtol=1e-5, atol=1e-5)
+    weight.data = torch.randn(32, 16)  # a replaced tensor is noticed without a generation bump
+    torch.testing.assert_close(linear.linear(layer, x, weight), F.linear(x, weight), rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_plain_mode_never_packs(monkeypatch):
+    monkeypatch.setenv(linear.MODE_ENV, "plain")
+    layer, weight, x = _layer(), torch.randn(32, 16), torch.randn(8, 16)
+    torch.testing.assert_close(linear.linear(layer, x, weight), F.linear(x, weight))
+    assert layer._rhyme_cpu_linear.packed is None
+
+
+def test_unpackable_dtype_falls_back(monkeypatch):
+    monkeypatch.setenv(linear.MODE_ENV, "packed")
+    weight, x = torch.randn(32, 16, dtype=torch.float64), torch.randn(8, 16, dtype=torch.float64)
+    assert not linear.applies(_layer(), x, weight)
+    assert linear.pack(weight) is None
+
+
+def test_auto_measures_once_and_caches(monkeypatch, tmp_path):
+    monkeypatch.setenv(linear.MODE_ENV, "auto")
+    calls = []
+
+    def fake_measure(n, k, dtype):
+        calls.append((n, k))
+        return tuple(i % 2 == 1 for i in range(len(linear.BUCKETS)))
+
+    monkeypatch.setattr(linear, "measure_choice", fake_measure)
+    cache = tmp_path / "rhyme_sglang" / "linear_kernels.json"
+    first = linear.kernel_choice(64, 32, torch.float32)
+    assert calls == [(64, 32)] and cache.exists()
+    assert list(json.loads(cache.read_text()).values()) == [list(first)]
+    monkeypatch.setattr(linear, "_choices", {})  # a new process: read from disk, no measuring
+    assert linear.kernel_choice(64, 32, torch.float32) == first and calls == [(64, 32)]
+    linear.kernel_choice(64, 48, torch.float32)  # another shape is measured on its own
+    assert calls == [(64, 32), (64, 48)]
+
+
+def test_measured_choice_has_a_verdict_per_bucket():
+    choice = linear.measure_choice(48, 32, torch.float32, repeats=1, budget_s=0.2)
+    assert len(choice) == len(linear.BUCKETS) and all(isinstance(c, bool) for c in choice)
+
+
+def test_bucket_index():
+    assert [linear.bucket_index(r) for r in (1, 2, 3, 4, 5, 256, 10_000)] == [0, 1, 2, 2, 3, 8, 8]
+
+
+def test_bad_mode_names_the_value(monkeypatch):
+    monkeypatch.setenv(linear.MODE_ENV, "fast")
+    with pytest.raises(ValueError, match="'fast'"):
+        linear.kernel_choice(8, 8, torch.float32)
