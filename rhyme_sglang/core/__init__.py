@@ -16,7 +16,7 @@ from .draft import Draft, accepted_length
 from .history import ResponseRecord, prompt_key
 from .lengths import LengthStats, LengthSummary
 from .native import make_trie, native_available
-from .ordering import (assign_groups_lpt, assign_groups_round_robin, lpt_group_order, lpt_order,
+from .ordering import (assign_groups_lpt, assign_groups_round_robin, group_leaders, lpt_group_order, lpt_order,
                        makespan)
 from .pytree import PySuffixTrie
 from .store import DraftStore
@@ -26,6 +26,6 @@ from .window import SpecWindow
 __all__ = [
     "Draft", "DraftStore", "LengthStats", "LengthSummary", "PySuffixTrie", "ResponseRecord",
     "SpecWindow", "StoreConfig", "WindowConfig", "accepted_length", "assign_groups_lpt",
-    "assign_groups_round_robin", "lpt_group_order", "lpt_order", "make_trie", "makespan", "native_available",
+    "assign_groups_round_robin", "group_leaders", "lpt_group_order", "lpt_order", "make_trie", "makespan", "native_available",
     "prompt_key", "TraceRecord", "iter_trace", "read_trace", "write_trace",
 ]

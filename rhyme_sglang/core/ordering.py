@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import heapq
-from typing import List, Mapping, Sequence, Tuple, TypeVar
+from typing import Collection, List, Mapping, Sequence, Tuple, TypeVar
 
 T = TypeVar("T")
 
@@ -31,6 +31,26 @@ def lpt_group_order(keys: Sequence, predicted: Mapping) -> List[int]:
     for pos, key in enumerate(keys):
         first.setdefault(key, pos)
     return sorted(range(len(keys)), key=lambda i: (-predicted.get(keys[i], 0.0), first[keys[i]]))
+
+
+def group_leaders(keys: Sequence, running_keys: Collection, prompt_lens: Sequence[int],
+                  prefilling_keys: Collection = (), min_shared: int = 32) -> List[bool]:
+    """Which waiting requests a prefill pass may take now: the first request of each prompt
+    group, and every request whose group already has a request running (its prompt is in the
+    prefix cache). The rest wait a pass, so they prefill from the cache instead of beside a
+    sibling in one batch, where none of them can hit it; so do the siblings of a prompt being
+    prefilled in chunks (``prefilling_keys``). Prompts shorter than ``min_shared`` tokens are
+    never held back (too little to share)."""
+    _check_lengths(keys, prompt_lens, "prompt_lens")
+    started = set(running_keys) | set(prefilling_keys)
+    take = []
+    for key, length in zip(keys, prompt_lens):
+        if length < min_shared:
+            take.append(True)
+            continue
+        take.append(key not in started or key in running_keys)
+        started.add(key)
+    return take
 
 
 def _check_engines(num_engines: int) -> None:

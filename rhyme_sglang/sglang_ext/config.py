@@ -39,6 +39,8 @@ class RhymeConfig:
       measured cost model; off = always verify the largest width.
     * ``widths``: the verify widths (draft tokens per request) a step may use; each at most
       ``speculative_num_draft_tokens - 1``. None = powers of two below that, plus it.
+    * ``group_prefill``: a prefill pass takes one request per prompt group whose prompt is
+      not cached yet; its siblings follow a pass later and prefill from the prefix cache.
     * ``cycle_widths``: diagnostic/test mode: decode steps walk through plain and every
       width in an order that makes every switch between two of them (lossless tests).
     """
@@ -56,6 +58,7 @@ class RhymeConfig:
     adaptive: bool = True
     widths: Optional[Tuple[int, ...]] = None
     cycle_widths: bool = False
+    group_prefill: bool = True
 
     def __post_init__(self) -> None:
         if self.widths is not None:

@@ -7,7 +7,9 @@ and three named hooks through sglang's ``HookRegistry``:
 * ``finish_hook`` after ``Scheduler.process_batch_result``: finished responses -> history;
 * ``weights_hook`` after sglang records a successful weight load (disk, tensor,
   distributed or IPC): the history epoch advances before the next draft;
-* ``ordering_hook`` after ``SchedulePolicy.calc_priority``: longest-predicted-first queue.
+* ``ordering_hook`` after ``SchedulePolicy.calc_priority``: longest-predicted-first queue;
+* ``prefill_hook`` around ``Scheduler.get_new_batch_prefill``: siblings of a prompt not yet
+  in the prefix cache wait one pass (``group_prefill``).
 
 Each of these is a no-op unless a RhymeWorker runs in the process. Two more, around
 ``Scheduler.run_batch`` and ``Scheduler.process_batch_result``, keep the time breakdown of
@@ -49,6 +51,22 @@ def ordering_hook(result, policy, waiting_queue, *args, **kwargs):
     if worker is not None:
         worker.order_waiting_queue(waiting_queue)
     return result
+
+
+def prefill_hook(original, *args, **kwargs):
+    worker = _worker()
+    if worker is None:
+        return original(*args, **kwargs)
+    scheduler = args[0]
+    running = args[1] if len(args) > 1 else kwargs.get("running_batch")
+    held = worker.hold_back_siblings(scheduler.waiting_queue,
+                                     running.reqs if running is not None else [],
+                                     getattr(scheduler, "chunked_req", None))
+    try:
+        return original(*args, **kwargs)
+    finally:
+        if held:
+            scheduler.waiting_queue[:0] = held
 
 
 def _spec_class():
@@ -116,6 +134,8 @@ def register() -> None:
         weights_hook, HookType.AFTER)
     HookRegistry.register("sglang.srt.managers.schedule_policy.SchedulePolicy.calc_priority",
                           ordering_hook, HookType.AFTER)
+    HookRegistry.register("sglang.srt.managers.scheduler.Scheduler.get_new_batch_prefill",
+                          prefill_hook, HookType.AROUND)
     from rhyme_sglang.sglang_ext import timeline
 
     HookRegistry.register("sglang.srt.managers.scheduler.Scheduler.run_batch",

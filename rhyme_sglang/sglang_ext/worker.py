@@ -27,7 +27,7 @@ import numpy as np
 
 from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
-from rhyme_sglang.core import DraftStore, lpt_group_order, prompt_key
+from rhyme_sglang.core import DraftStore, group_leaders, lpt_group_order, prompt_key
 from rhyme_sglang.core.breakdown import decode_kind
 from rhyme_sglang.core.cost_model import PLAIN, SpecCostModel, check_widths, default_widths
 from rhyme_sglang.core.draft import expected_accepts, truncate
@@ -241,6 +241,23 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         with self.lock:
             predicted = {key: self.store.predict_length(key) for key in set(keys)}
         queue[:] = [queue[i] for i in lpt_group_order(keys, predicted)]
+
+    def hold_back_siblings(self, queue, running_reqs, chunked_req=None) -> list:
+        """Before a prefill pass: take out of ``queue`` (in place) and return the requests that
+        should wait one pass because a sibling's prompt is not in the prefix cache yet (see
+        :func:`rhyme_sglang.core.group_leaders`). The caller puts them back after the pass."""
+        if not self.config.group_prefill or len(queue) < 2:
+            return []
+        keys = [self._prompt_key_of(req) for req in queue]
+        running = {self._prompt_key_of(req) for req in running_reqs}
+        prefilling = () if chunked_req is None else (self._prompt_key_of(chunked_req),)
+        take = group_leaders(keys, running, [len(req.origin_input_ids) for req in queue],
+                             prefilling)
+        if all(take):
+            return []
+        held = [req for req, ok in zip(queue, take) if not ok]
+        queue[:] = [req for req, ok in zip(queue, take) if ok]
+        return held
 
     @staticmethod
     def _prompt_key_of(req) -> str:

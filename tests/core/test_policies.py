@@ -4,9 +4,11 @@ import gzip
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rhyme_sglang.core import (LengthStats, SpecWindow, WindowConfig, assign_groups_lpt,
-                               assign_groups_round_robin, lpt_order, makespan)
+                               assign_groups_round_robin, group_leaders, lpt_order, makespan)
 from rhyme_sglang.core.trace import TraceRecord, read_trace, write_trace
 
 
@@ -110,3 +112,44 @@ def test_lpt_group_order_keeps_groups_together_longest_first():
     # b (9) first; a and c tie at 3 and keep first-appearance order; unknown d counts as 0
     assert [keys[i] for i in order] == ["b", "b", "a", "a", "c", "d"]
     assert order[:2] == [1, 4] and order[2:4] == [0, 2]
+
+
+# ---- group-aware prefill --------------------------------------------------------------------
+def test_group_leaders_take_one_per_uncached_prompt():
+    keys = ["a", "a", "b", "a", "b", "c"]
+    assert group_leaders(keys, set(), [100] * 6) == [True, False, True, False, False, True]
+
+
+def test_group_leaders_take_all_of_a_running_group():
+    keys = ["a", "a", "b", "b"]
+    assert group_leaders(keys, {"a"}, [100] * 4) == [True, True, True, False]
+
+
+def test_group_leaders_hold_siblings_of_a_chunked_prefill():
+    assert group_leaders(["a", "a", "b"], set(), [100] * 3, prefilling_keys={"a"}) == [
+        False, False, True]
+
+
+def test_group_leaders_never_hold_short_prompts():
+    assert group_leaders(["a", "a", "a", "a"], set(), [8, 40, 8, 40], min_shared=32) == [
+        True, True, True, False]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abcd"), st.integers(0, 80)), max_size=30),
+       st.sets(st.sampled_from("abcd")))
+def test_group_leaders_properties(reqs, running):
+    keys = [k for k, _ in reqs]
+    lens = [n for _, n in reqs]
+    take = group_leaders(keys, running, lens)
+    for key in set(keys):
+        mine = [i for i, k in enumerate(keys) if k == key]
+        long_ones = [i for i in mine if lens[i] >= 32]
+        held = [i for i in long_ones if not take[i]]
+        if key in running:
+            assert not held  # a cached prompt never waits
+        elif long_ones:  # an uncached prompt: its first long request goes, the others wait
+            assert held == long_ones[1:]
+        assert all(take[i] for i in mine if lens[i] < 32)
+    with pytest.raises(ValueError):
+        group_leaders(["a"], set(), [])
