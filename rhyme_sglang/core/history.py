@@ -67,6 +67,38 @@ class ActiveRequest:
     stream: int = -1  # the live trie's growing-sequence id for `seq` (see SuffixTrie.update)
 
 
+class EpochRecords(list):
+    """One epoch's responses to a prompt, indexed by sample number (``find`` and
+    ``next_sample`` in O(1): a prompt sampled thousands of times per epoch, as the lossless
+    tests do, made the linear scans quadratic). Mutate it through ``append``/``remove`` only."""
+
+    def __init__(self, records=()):
+        super().__init__()
+        self.by_sample: Dict[int, ResponseRecord] = {}
+        self.max_sample = -1
+        for rec in records:
+            self.append(rec)
+
+    def append(self, rec: ResponseRecord) -> None:
+        super().append(rec)
+        self.by_sample.setdefault(rec.sample, rec)
+        self.max_sample = max(self.max_sample, rec.sample)
+
+    def extend(self, records) -> None:
+        for rec in records:
+            self.append(rec)
+
+    def remove(self, rec: ResponseRecord) -> None:
+        super().remove(rec)
+        if self.by_sample.get(rec.sample) is rec:
+            del self.by_sample[rec.sample]
+            other = next((r for r in self if r.sample == rec.sample), None)
+            if other is not None:
+                self.by_sample[rec.sample] = other
+        if rec.sample == self.max_sample:
+            self.max_sample = max((r.sample for r in self), default=-1)
+
+
 @dataclass
 class PromptHistory:
     """Everything the store keeps for one prompt."""
@@ -74,7 +106,7 @@ class PromptHistory:
     key: str
     prompt_tail: List[int]
     tree: object
-    records: Dict[int, List[ResponseRecord]] = field(default_factory=dict)
+    records: Dict[int, EpochRecords] = field(default_factory=dict)
     live: Optional[object] = None
     live_prompt: Optional[array] = None
     num_active: int = 0
@@ -82,11 +114,16 @@ class PromptHistory:
     def num_records(self) -> int:
         return sum(len(v) for v in self.records.values())
 
+    def group(self, epoch: int) -> EpochRecords:
+        """The epoch's records, created empty on first use."""
+        group = self.records.get(epoch)
+        if group is None:
+            group = self.records[epoch] = EpochRecords()
+        return group
+
     def find(self, epoch: int, sample: int) -> Optional[ResponseRecord]:
-        for rec in self.records.get(epoch, ()):
-            if rec.sample == sample:
-                return rec
-        return None
+        group = self.records.get(epoch)
+        return None if group is None else group.by_sample.get(sample)
 
     def latest_with_sample(self, sample: int) -> Optional[ResponseRecord]:
         for epoch in sorted(self.records, reverse=True):
@@ -96,7 +133,8 @@ class PromptHistory:
         return None
 
     def next_sample(self, epoch: int) -> int:
-        return 1 + max((r.sample for r in self.records.get(epoch, ())), default=-1)
+        group = self.records.get(epoch)
+        return 0 if group is None else 1 + group.max_sample
 
 
 def tail_of(prompt_token_ids: Sequence[int], config: StoreConfig) -> List[int]:

@@ -107,7 +107,7 @@ def load_store(path: str, backend: str = "auto"):
                                  int(r["len"]), r["reward"], float(r["factor"]), int(r["weight"]),
                                  r["rid"], bool(r["global"]))
             ph = store._prompts[rec.key]
-            ph.records.setdefault(rec.epoch, []).append(rec)
+            ph.group(rec.epoch).append(rec)
             store._apply(rec, 1, rec.weight)
             store._num_records += 1
             store._num_tokens += len(rec.seq)

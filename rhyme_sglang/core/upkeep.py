@@ -66,7 +66,7 @@ class HistoryUpkeep:
             self._to_global(rec)
         else:
             self._pending_global.append(rec)
-        ph.records.setdefault(epoch, []).append(rec)
+        ph.group(epoch).append(rec)
         self._num_records += 1
         self._num_tokens += len(seq)
         if request_id is not None:

@@ -211,3 +211,28 @@ def test_predict_length_known_and_unknown():
         s.add_response("p", PROMPT, [1] * n, 1, sample=sample)
     assert s.predict_length("p") == pytest.approx(40 + 0.5 * 25)
     assert s.predict_length(PROMPT) == 40.0  # by token hash: a different, unknown key -> mean
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 6)), max_size=40))
+def test_epoch_records_index_matches_a_scan(ops):
+    """find / next_sample through the per-epoch index equal a linear scan, through any mix of
+    appends and removals (duplicate sample numbers included)."""
+    from array import array
+
+    from rhyme_sglang.core.history import PromptHistory, ResponseRecord
+
+    ph = PromptHistory("k", [], tree=None)
+    live = []
+    for add, sample in ops:
+        if add or not live:
+            rec = ResponseRecord("k", 0, sample, array("i"), 0)
+            ph.group(0).append(rec)
+            live.append(rec)
+        else:
+            rec = live.pop(sample % len(live))
+            ph.records[0].remove(rec)
+        for s in range(8):
+            assert ph.find(0, s) is next((r for r in live if r.sample == s), None)
+        assert ph.next_sample(0) == 1 + max((r.sample for r in live), default=-1)
+    assert ph.find(1, 0) is None and ph.next_sample(1) == 0
