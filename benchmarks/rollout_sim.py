@@ -91,6 +91,7 @@ class Mode:
     source: Optional[str]  # replay source name; None = plain decoding
     width: str  # "plain", "adaptive" (the cost model), "full" (always k), "ragged" (own drafts)
     order: str  # waiting-queue policy
+    group_prefill: bool = False  # siblings wait a pass and prefill from the cache (RHYME)
 
 
 MODES = {
@@ -98,9 +99,49 @@ MODES = {
     "ngram": Mode("sglang-ngram-tree", "full", "fcfs"),
     "suffix": Mode("suffix", "ragged", "fcfs"),
     "rhymerl": Mode("histospec", "ragged", "fcfs"),
-    "rhyme": Mode("rhyme", "adaptive", "lpt"),
-    "rhyme_fixed": Mode("rhyme", "full", "lpt"),
+    "rhyme": Mode("rhyme", "adaptive", "lpt", group_prefill=True),
+    "rhyme_fixed": Mode("rhyme", "full", "lpt", group_prefill=True),
 }
+
+
+class PrefixCache:
+    """One engine's prompt prefix cache (a token trie, never evicted within an epoch), as
+    SGLang's radix cache serves prompts: a request prefills its prompt less the longest cached
+    prefix, at least its last token. Prompts prefilled in one pass are cached after it."""
+
+    def __init__(self) -> None:
+        self._root: dict = {}
+
+    def cached(self, tokens: Sequence[int]) -> int:
+        node, n = self._root, 0
+        for t in tokens:
+            node = node.get(t)
+            if node is None:
+                break
+            n += 1
+        return n
+
+    def insert(self, tokens: Sequence[int]) -> None:
+        node = self._root
+        for t in tokens:
+            node = node.setdefault(t, {})
+
+    def admit(self, requests: Sequence, group_prefill: bool, length_scale: int = 1) -> int:
+        """Tokens one admission pass prefills. Without ``group_prefill`` every request of the
+        pass sees only what earlier passes cached; with it, a sibling of a request earlier in
+        the pass is charged as if it prefilled a pass later from its leader's cached prompt
+        (the one-pass delay is not modelled)."""
+        tokens, leaders = 0, set()
+        for r in requests:
+            prompt = r.payload.prompt_token_ids
+            hit = self.cached(prompt)
+            if group_prefill and r.group in leaders:
+                hit = len(prompt)
+            tokens += max(1, len(prompt) - hit) + length_scale * r.done
+            leaders.add(r.group)
+        for r in requests:
+            self.insert(r.payload.prompt_token_ids)
+        return tokens
 
 
 # ----------------------------------------------------------------------------- cost tables
@@ -280,6 +321,8 @@ class TraceStepper(Stepper):
                  cost_model: Optional[SpecCostModel]) -> None:
         self.mode, self.source, self.table, self.cfg, self.cm = mode, source, table, cfg, cost_model
         self.tokens = self.verify_steps = self.plain_steps = self.accepted = self.request_steps = 0
+        self.prefilled = 0
+        self._caches: Dict[int, PrefixCache] = {}
 
     def admit(self, engine, requests):
         if self.source is not None:
@@ -288,7 +331,9 @@ class TraceStepper(Stepper):
                     self.source.start(r.payload)
         if not self.cfg.prefill:
             return 0.0
-        tokens = sum(r.prompt_len + self.cfg.length_scale * r.done for r in requests)
+        cache = self._caches.setdefault(engine, PrefixCache())
+        tokens = cache.admit(requests, self.mode.group_prefill, self.cfg.length_scale)
+        self.prefilled += tokens
         return self.table.forward_seconds(tokens)
 
     def _drafts(self, running) -> List[Draft]:
@@ -391,6 +436,7 @@ def run_mode(name: str, records: Sequence[TraceRecord], table, cfg: SimConfig,
         per_epoch[str(epoch)] = {
             "makespan_s": res["makespan_s"], "requests": len(recs), "tokens": stepper.tokens,
             "steps": steps, "verify_steps": stepper.verify_steps,
+            "prefill_tokens": stepper.prefilled,
             "tau": stepper.tokens / max(1, stepper.request_steps),
             "accepted_draft_tokens": stepper.accepted, "migrations": res["migrations"],
             "engine_busy_s": res["engine_busy_s"]}

@@ -194,3 +194,31 @@ def test_validate_uses_timelines_per_mode_draft_tokens_and_shared_history(tmp_pa
     fixed = got["per_mode"]["rhyme_fixed"]["per_epoch"]["2"]
     # vanilla's epochs 0-1 gave rhyme_fixed its history: repeated responses are drafted
     assert fixed["simulated_tau"] > 2.0 and fixed["simulated_s"] < 0.5
+
+
+def _req(group, prompt, done=0):
+    rec = TraceRecord(group, 1, 0, list(prompt), [1, 2, 3], 0.0, "stop")
+    return SimRequest(f"{group}/{len(prompt)}/{done}", group, 3, 0.0, len(prompt), rec, done)
+
+
+def test_prefix_cache_charges_uncached_prompt_tokens_per_pass():
+    shared = list(range(100, 150))  # a few-shot prefix both prompts share
+    a, b = shared + [1, 2, 3, 4], shared + [5, 6]
+    # one pass, no group prefill: all four prefill in full (nothing is cached within a pass)
+    assert rs.PrefixCache().admit([_req("a", a), _req("a", a), _req("b", b), _req("b", b)],
+                                  False) == 2 * len(a) + 2 * len(b)
+    # with group prefill, the siblings of a leader in the pass are charged their last token
+    assert rs.PrefixCache().admit([_req("a", a), _req("a", a), _req("b", b), _req("b", b)],
+                                  True) == len(a) + len(b) + 2
+    cache = rs.PrefixCache()
+    assert cache.admit([_req("a", a)], False) == len(a)
+    # a later pass hits what earlier passes cached: the shared prefix, then the whole prompt
+    assert cache.admit([_req("b", b)], False) == len(b) - len(shared)
+    assert cache.admit([_req("a", a)], False) == 1
+    # a migrated request re-prefills its generated tokens on the new engine
+    assert cache.admit([_req("a", a, done=7)], False, length_scale=2) == 1 + 14
+
+
+def test_rhyme_modes_model_group_prefill():
+    assert rs.MODES["rhyme"].group_prefill and rs.MODES["rhyme_fixed"].group_prefill
+    assert not any(rs.MODES[m].group_prefill for m in ("vanilla", "ngram", "rhymerl", "suffix"))
