@@ -72,12 +72,10 @@ class EpochRecords(list):
     ``next_sample`` in O(1): a prompt sampled thousands of times per epoch, as the lossless
     tests do, made the linear scans quadratic). Mutate it through ``append``/``remove`` only."""
 
-    def __init__(self, records=()):
+    def __init__(self):
         super().__init__()
         self.by_sample: Dict[int, ResponseRecord] = {}
         self.max_sample = -1
-        for rec in records:
-            self.append(rec)
 
     def append(self, rec: ResponseRecord) -> None:
         super().append(rec)

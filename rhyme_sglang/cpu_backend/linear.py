@@ -191,7 +191,7 @@ class LinearState:
 _STATE_ATTR = "_rhyme_cpu_linear"
 
 
-def applies(module: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor) -> bool:
+def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether :func:`linear` may run this product (CPU tensors of one packable dtype)."""
     return (x.device.type == "cpu" and weight.device.type == "cpu" and weight.dim() == 2
             and x.dtype == weight.dtype and weight.dtype in _PACKABLE

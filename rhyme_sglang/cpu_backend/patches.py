@@ -58,7 +58,7 @@ def packed_cpu_linear(unquant) -> None:
     def apply(self, layer, x, bias=None):
         weight = getattr(layer, "weight", None)
         if (weight is None or unquant.use_intel_amx_backend(layer)
-                or not linear.applies(layer, x, weight)):
+                or not linear.applies(x, weight)):
             return original(self, layer, x, bias)
         return linear.linear(layer, x, weight, bias)
 
@@ -82,7 +82,7 @@ def packed_cpu_lm_head(logits_processor) -> None:
                 or getattr(self, "use_fp32_lm_head", False)
                 or getattr(self, "rl_on_policy_target", None) is not None
                 or logits_processor.use_intel_amx_backend(lm_head)
-                or not linear.applies(lm_head, hidden_states, weight)):
+                or not linear.applies(hidden_states, weight)):
             return original(self, hidden_states, lm_head, embedding_bias, out=out)
         return linear.linear(lm_head, hidden_states, weight)
 

@@ -67,7 +67,7 @@ def test_plain_mode_never_packs(monkeypatch):
 def test_unpackable_dtype_falls_back(monkeypatch):
     monkeypatch.setenv(linear.MODE_ENV, "packed")
     weight, x = torch.randn(32, 16, dtype=torch.float64), torch.randn(8, 16, dtype=torch.float64)
-    assert not linear.applies(_layer(), x, weight)
+    assert not linear.applies(x, weight)
     assert linear.pack(weight) is None
 
 
