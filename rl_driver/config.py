@@ -149,6 +149,9 @@ class TrainConfig:
     adv_eps: float = 1e-6
     old_logprobs: str = "rollout"  # rollout (engine logprobs) | recompute (trainer forward)
     num_threads: int = 0  # torch threads in the trainer; 0 = all cores (engines idle meanwhile)
+    # one forward of each distinct prompt per micro-batch, its KV shared by the group's
+    # responses (same gradients as a forward per sample; G-fold less prompt compute)
+    share_prompt_forward: bool = True
 
     def __post_init__(self):
         _check(self.lr > 0, "train.lr", self.lr, "must be > 0")
@@ -166,6 +169,8 @@ class TrainConfig:
                self.old_logprobs, "must be 'rollout' or 'recompute'")
         _check(isinstance(self.num_threads, int) and self.num_threads >= 0, "train.num_threads",
                self.num_threads, "must be an int >= 0")
+        _check(isinstance(self.share_prompt_forward, bool), "train.share_prompt_forward",
+               self.share_prompt_forward, "must be true or false")
         _check(self.dtype in ("float32", "bfloat16"), "train.dtype", self.dtype,
                "must be float32 or bfloat16")
         _check(self.autocast_bf16 is True or self.autocast_bf16 is False

@@ -7,6 +7,11 @@ KL to a frozen reference copy. Weight export helpers serve :mod:`rl_driver.weigh
 ``train_progress()`` reports ``(micro-batches done, total)`` of the step in flight (the actor
 runs with two threads so the driver can poll it while ``train_step`` runs).
 
+Prompt sharing (``share_prompt_forward``, default on): GRPO samples G responses per prompt, so
+a micro-batch runs each distinct prompt once, gathers its KV (still in the autograd graph) for
+every response row, and runs the responses on top: the same logprobs and gradients as a
+forward of prompt + response per sample, with the prompt computed once per group.
+
 Threads: ``num_threads`` 0 = every usable core; ``autocast_bf16: auto`` = on only where
 :func:`rhyme_sglang.machine.resolve_dtype` picks bf16 (native bf16 GEMMs).
 """
@@ -27,13 +32,14 @@ from rl_driver.grpo import LossConfig, grpo_loss, token_logprobs
 logger = logging.getLogger(__name__)
 
 
-def _pad_left(seqs: Sequence[Sequence[int]], pad: int) -> Tuple[torch.Tensor, torch.Tensor]:
+def _pad(seqs: Sequence[Sequence[int]], pad: int, left: bool) -> Tuple[torch.Tensor, torch.Tensor]:
     width = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), width), pad, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for i, s in enumerate(seqs):
-        ids[i, width - len(s):] = torch.tensor(list(s), dtype=torch.long)
-        mask[i, width - len(s):] = 1
+        cols = slice(width - len(s), width) if left else slice(0, len(s))
+        ids[i, cols] = torch.tensor(list(s), dtype=torch.long)
+        mask[i, cols] = 1
     return ids, mask
 
 
@@ -75,44 +81,94 @@ class Trainer:
         return self._progress
 
     # ---- GRPO ------------------------------------------------------------------------------
-    def _response_logprobs(self, model, ids: torch.Tensor, mask: torch.Tensor,
-                           width: int) -> torch.Tensor:
-        """Logprobs of the last ``width`` tokens of each left-padded row."""
+    def _autocast(self):
+        return torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast)
+
+    def _full_logprobs(self, model, batch: List[Dict[str, Any]]) -> torch.Tensor:
+        """Logprobs of each response token, one forward of prompt + response per sample: rows
+        are left-padded so every response ends at the last column; returned left-aligned
+        (``[B, width]``, response token j at column j)."""
+        width = max(len(s["response_ids"]) for s in batch)
+        ids, mask = _pad([list(s["prompt_ids"]) + list(s["response_ids"]) for s in batch],
+                         self.pad_id, left=True)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast)
-        with autocast:
+        with self._autocast():
             logits = model(input_ids=ids, attention_mask=mask, position_ids=positions,
                            logits_to_keep=width + 1).logits
-        return token_logprobs(logits[:, :-1], ids[:, -width:])
+        right = token_logprobs(logits[:, :-1], ids[:, -width:])
+        out = torch.zeros_like(right)
+        for i, s in enumerate(batch):
+            n = len(s["response_ids"])
+            out[i, :n] = right[i, width - n:]
+        return out
 
-    def _micro_batch(self, batch: List[Dict[str, Any]]):
+    def _shared_logprobs(self, model, batch: List[Dict[str, Any]]) -> torch.Tensor:
+        """The same logprobs as :meth:`_full_logprobs` with one forward per distinct prompt:
+        the prompts' KV (left-padded, kept in the autograd graph) is gathered per response row
+        and the responses (right-padded) run on top of it, so a group of G samples computes
+        its prompt once and its gradient sums the G responses' contributions."""
+        index: Dict[Tuple[int, ...], int] = {}
+        rows = [index.setdefault(tuple(s["prompt_ids"]), len(index)) for s in batch]
+        p_ids, p_mask = _pad(list(index), self.pad_id, left=True)
+        r_ids, r_mask = _pad([s["response_ids"] for s in batch], self.pad_id, left=False)
+        row = torch.tensor(rows, dtype=torch.long)
+        start = p_mask.sum(-1)[row].unsqueeze(1)  # the first response position of each row
+        with self._autocast():
+            prompt = model(input_ids=p_ids, attention_mask=p_mask, use_cache=True,
+                           position_ids=(p_mask.cumsum(-1) - 1).clamp(min=0), logits_to_keep=1)
+            cache = prompt.past_key_values
+            cache.reorder_cache(row)  # index_select: differentiable
+            logits = model(input_ids=r_ids, past_key_values=cache, use_cache=True,
+                           attention_mask=torch.cat([p_mask[row], r_mask], dim=-1),
+                           position_ids=start + torch.arange(r_ids.shape[1])).logits
+        # token j is predicted by the prompt's last position (j = 0) or response position j-1
+        pred = torch.cat([prompt.logits[row, -1:], logits[:, :-1]], dim=1)
+        return token_logprobs(pred, r_ids)
+
+    def _response_logprobs(self, model, batch: List[Dict[str, Any]]) -> torch.Tensor:
+        if self.config.share_prompt_forward:
+            return self._shared_logprobs(model, batch)
+        return self._full_logprobs(model, batch)
+
+    @staticmethod
+    def _targets(batch: List[Dict[str, Any]]):
+        """Left-aligned rollout logprobs, response mask and advantages of a micro-batch."""
         width = max(len(s["response_ids"]) for s in batch)
-        seqs, old, resp_mask = [], torch.zeros(len(batch), width), torch.zeros(len(batch), width)
+        old, resp_mask = torch.zeros(len(batch), width), torch.zeros(len(batch), width)
         for i, s in enumerate(batch):
             n = len(s["response_ids"])
             if len(s["logprobs"]) != n:
                 raise ValueError(f"sample {i}: {len(s['logprobs'])} logprobs for {n} tokens")
-            # Right-align responses so they all end at the last column (left padding).
-            seqs.append(list(s["prompt_ids"]) + list(s["response_ids"]))
-            old[i, width - n:] = torch.tensor(s["logprobs"], dtype=torch.float32)
-            resp_mask[i, width - n:] = 1.0
-        ids, mask = _pad_left(seqs, self.pad_id)
+            old[i, :n] = torch.tensor(s["logprobs"], dtype=torch.float32)
+            resp_mask[i, :n] = 1.0
         adv = torch.tensor([float(s["advantage"]) for s in batch], dtype=torch.float32)
-        return ids, mask, width, old, resp_mask, adv
+        return old, resp_mask, adv
+
+    def _micro_batches(self, samples: List[Dict[str, Any]]) -> List[List[Dict[str, Any]]]:
+        """``samples`` cut into micro-batches of ``micro_batch_size``, ordered so each pads
+        little: by total length, or (prompt sharing) group by group, so a prompt group shares
+        one micro-batch where it fits. The loss does not depend on this order."""
+        if self.config.share_prompt_forward:
+            groups: Dict[Tuple[int, ...], List[Dict[str, Any]]] = {}
+            for s in samples:
+                groups.setdefault(tuple(s["prompt_ids"]), []).append(s)
+            ordered = [s for key in sorted(groups, key=lambda k: (len(k), k))
+                       for s in sorted(groups[key], key=lambda s: len(s["response_ids"]))]
+        else:
+            ordered = sorted(samples, key=lambda s: len(s["prompt_ids"]) + len(s["response_ids"]))
+        size = self.config.micro_batch_size
+        return [ordered[i:i + size] for i in range(0, len(ordered), size)]
 
     def _recompute_logprobs(self, samples: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         """The samples with ``logprobs`` replaced by this model's (no grad); the rollout's
         are kept as ``rollout_logprobs``."""
         out = []
         with torch.no_grad():
-            for i in range(0, len(samples), self.config.micro_batch_size):
-                batch = samples[i:i + self.config.micro_batch_size]
-                ids, mask, width, _, resp_mask, _ = self._micro_batch(batch)
-                logp = self._response_logprobs(self.model, ids, mask, width)
-                for row, s in enumerate(batch):
+            for batch in self._micro_batches(samples):
+                logp = self._response_logprobs(self.model, batch)
+                for i, s in enumerate(batch):
                     n = len(s["response_ids"])
-                    out.append(dict(s, rollout_logprobs=s["logprobs"],
-                                    logprobs=logp[row, width - n:].tolist()))
+                    out.append(dict(s, rollout_logprobs=s["logprobs"], logprobs=logp[i, :n].tolist()))
         return out
 
     def train_step(self, samples: List[Dict[str, Any]]) -> Dict[str, float]:
@@ -129,27 +185,24 @@ class Trainer:
             rollout_diff = sum(abs(a - b) for s in samples
                                for a, b in zip(s["logprobs"], s["rollout_logprobs"]))
         minibatches = [samples[i::cfg.num_minibatches] for i in range(cfg.num_minibatches)]
-        done, total = 0, sum(-(-len(m) // cfg.micro_batch_size) for m in minibatches)
+        done, total = 0, sum(len(self._micro_batches(m)) for m in minibatches)
         self._progress = (done, total)
         totals = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "ratio_mean": 0.0,
                   "grad_norm": 0.0, "logprob_abs_diff": 0.0}
         steps = 0
         for mb in (m for m in minibatches if m):
-            # micro-batches of similar lengths pad less; the minibatch's loss (token mean over
-            # all of it, gradients summed) does not depend on the order
-            mb = sorted(mb, key=lambda s: len(s["prompt_ids"]) + len(s["response_ids"]))
             num_tokens = float(sum(len(s["response_ids"]) for s in mb))
             self.optimizer.zero_grad(set_to_none=True)
-            for i in range(0, len(mb), cfg.micro_batch_size):
-                ids, mask, width, old, resp_mask, adv = self._micro_batch(mb[i:i + cfg.micro_batch_size])
-                logp = self._response_logprobs(self.model, ids, mask, width)
+            for batch in self._micro_batches(mb):
+                old, resp_mask, adv = self._targets(batch)
+                logp = self._response_logprobs(self.model, batch)
                 ref = None
                 if self.ref_model is not None:
                     with torch.no_grad():
-                        ref = self._response_logprobs(self.ref_model, ids, mask, width)
+                        ref = self._response_logprobs(self.ref_model, batch)
                 loss, stats = grpo_loss(logp, old, adv, resp_mask, self.loss_config, ref, num_tokens)
                 loss.backward()
-                totals["loss"] += float(loss)  # each part is already divided by num_tokens
+                totals["loss"] += float(loss.detach())  # each part is already divided by num_tokens
                 for k in ("clip_frac", "kl", "ratio_mean"):
                     totals[k] += stats[k]
                 totals["logprob_abs_diff"] += float(((logp.detach() - old).abs() * resp_mask).sum())

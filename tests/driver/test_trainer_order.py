@@ -41,3 +41,35 @@ def test_grpo_step_is_invariant_to_sample_order():
     assert sa["loss"] == pytest.approx(sb["loss"], rel=1e-4, abs=1e-6)
     for (name, pa), (_, pb) in zip(a.model.named_parameters(), b.model.named_parameters()):
         assert torch.allclose(pa, pb, atol=1e-5), name
+
+
+def test_shared_prompt_forward_matches_a_forward_per_sample():
+    """One prompt forward per group, its KV shared by the group's responses, gives the same
+    logprobs, gradients and GRPO step statistics as prompt + response per sample (ragged
+    prompts and responses, groups split across micro-batches, a KL reference model)."""
+    from rhyme_sglang.models import resolve_model_path
+    from rl_driver.config import TrainConfig
+    from rl_driver.grpo import grpo_loss
+    from rl_driver.trainer import Trainer
+
+    path = resolve_model_path("tiny")
+    common = dict(lr=1e-3, micro_batch_size=5, num_minibatches=1, autocast_bf16=False,
+                  num_threads=1, kl_coef=0.05)
+    full = Trainer(path, TrainConfig(share_prompt_forward=False, **common), seed=0)
+    shared = Trainer(path, TrainConfig(share_prompt_forward=True, **common), seed=0)
+    samples = _samples(full.model.config.vocab_size, seed=3)
+    old, mask, adv = full._targets(samples)
+    a = full._full_logprobs(full.model, samples)
+    b = shared._shared_logprobs(shared.model, samples)
+    assert torch.allclose(a * mask, b * mask, atol=1e-5)
+    grpo_loss(a, old, adv, mask, full.loss_config)[0].backward()
+    grpo_loss(b, old, adv, mask, shared.loss_config)[0].backward()
+    for (name, pa), (_, pb) in zip(full.model.named_parameters(), shared.model.named_parameters()):
+        scale = float(pa.grad.abs().max())
+        assert scale > 0, name  # every weight takes part
+        assert torch.allclose(pa.grad, pb.grad, atol=1e-5 * scale), name
+        pa.grad = pb.grad = None
+    assert len(shared._micro_batches(samples)) == 3  # 12 samples by 5, groups kept together
+    sa, sb = full.train_step(samples), shared.train_step(samples)
+    for key in ("loss", "kl", "ratio_mean", "grad_norm", "logprob_abs_diff"):
+        assert sa[key] == pytest.approx(sb[key], rel=1e-4, abs=1e-7), key
