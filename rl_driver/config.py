@@ -35,6 +35,9 @@ class EngineConfig:
     max_total_tokens: int = 16384
     mem_fraction_static: float = 0.5
     sleep_on_idle: bool = True  # idle schedulers block instead of spinning (CPU for the trainer)
+    # the driver sends and reads token ids: no detokenizer process work per step (rewards
+    # decode each finished response once); false for stop strings or text outputs
+    skip_tokenizer_init: bool = True
     extra: Dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -51,6 +54,8 @@ class EngineConfig:
                "must be an int in [1, 64]")
         _check(0 < self.mem_fraction_static < 1, "engine.mem_fraction_static",
                self.mem_fraction_static, "must be in (0, 1)")
+        _check(isinstance(self.skip_tokenizer_init, bool), "engine.skip_tokenizer_init",
+               self.skip_tokenizer_init, "must be true or false")
 
     def server_args(self, model_path: str) -> Dict[str, Any]:
         """Keyword arguments for ``rhyme_sglang.Engine``."""
@@ -58,7 +63,7 @@ class EngineConfig:
             model_path=model_path, dtype=self.dtype, cpu_threads=self.cpu_threads or None,
             log_level="warning",
             max_total_tokens=self.max_total_tokens, mem_fraction_static=self.mem_fraction_static,
-            sleep_on_idle=self.sleep_on_idle,
+            sleep_on_idle=self.sleep_on_idle, skip_tokenizer_init=self.skip_tokenizer_init,
         )
         if self.rhyme:
             args.update(speculative_algorithm="RHYME",

@@ -25,6 +25,8 @@ def test_shipped_configs_load(name):
     ({"rollout": {"balance": "random"}}, "'rollout.balance'.*random"),
     ({"engine": {"rhyme": "yes"}}, "'engine.rhyme'.*yes"),
     ({"engine": {"dtype": "int8"}}, "'engine.dtype'.*int8"),
+    ({"engine": {"skip_tokenizer_init": "no"}}, "'engine.skip_tokenizer_init'.*no"),
+    ({"train": {"share_prompt_forward": 1}}, "'train.share_prompt_forward'.*1"),
     ({"sync": {"method": "carrier-pigeon"}}, "'sync.method'.*carrier-pigeon"),
     ({"train": {"lr": "fast"}}, "'train.lr'.*fast"),
     ({"train": {"lr": -1.0}}, "'train.lr'.*-1.0"),
