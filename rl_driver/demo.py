@@ -36,9 +36,11 @@ def _echo(metrics, first) -> None:
 def _side_by_side(config) -> None:
     from rl_driver.side_by_side import compare
 
-    print("final policy, one rollout of every prompt x group on the same engine settings:",
-          flush=True)
-    r = compare(config.resolved())
+    config = config.resolved()
+    how = "both engines at once" if config.engine.num_engines >= 2 else "one after the other"
+    print(f"final policy, one rollout of every prompt x group, vanilla vs RHYME on the same "
+          f"engine settings ({how}):", flush=True)
+    r = compare(config)
     v, h = r["vanilla"], r["rhyme"]
     print(f"  vanilla SGLang {v['makespan_s']:.1f}s, {v['tokens_per_s']:.0f} tok/s | RHYME "
           f"{h['makespan_s']:.1f}s, {h['tokens_per_s']:.0f} tok/s, tau {h['tau']:.2f} | "

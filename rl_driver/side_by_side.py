@@ -2,20 +2,27 @@
 
 ``compare(config)`` reads ``runs/<name>/final`` (the policy the loop saved with
 ``loop.save_final``) and the run's trace, then times one synchronous rollout of every prompt x
-``group_size`` samples twice, one engine at a time in this process: a vanilla engine, and a
-RHYME engine given the run's whole history (every traced epoch, with rewards, imported with
-``rhyme_import_history``). Both use the run's resolved dtype, the same sampling parameters and
-the same maximum length, so the ratio shows what history drafting gives the next epoch.
-Response lengths are sampled, so the figure of merit is output tokens per second; the
-makespan ratio is reported too.
+``group_size`` samples with a vanilla engine and with a RHYME engine given the run's whole
+history (every traced epoch, with rewards, imported with ``rhyme_import_history``). Both use
+the run's resolved dtype and threads, the same sampling parameters and the same maximum
+length, so the ratio shows what history drafting gives the next epoch. Response lengths are
+sampled, so the figure of merit is output tokens per second; the makespan ratio is reported
+too.
+
+A run with two or more engines shares the machine's cores between them, so the two engines
+run at the same time, each in its own process, and their timed rollouts start together (a
+barrier after start-up and history import): each gets the share of the machine a loop engine
+has. Whichever finishes first leaves the other the whole machine for its last part, which
+favours the slower one. A one-engine run times them one after another.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import time
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 logger = logging.getLogger(__name__)
 
@@ -47,42 +54,95 @@ def _history_states(config, before_epoch: int):
         for r in records if r.epoch < before_epoch)
 
 
-def compare(config) -> Dict[str, Any]:
-    """Time the final policy's rollout with vanilla and with RHYME (``config`` resolved)."""
+def _engine_args(config, name: str) -> Dict[str, Any]:
+    kwargs = config.engine.server_args(str(config.run_dir / "final"))
+    if name == "vanilla":
+        for key in ("speculative_algorithm", "speculative_num_draft_tokens",
+                    "rhyme_schedule_policy"):
+            kwargs.pop(key, None)
+    else:
+        kwargs.update(speculative_algorithm="RHYME")
+    return kwargs
+
+
+def _time_one(config, name: str, barrier=None) -> Dict[str, Any]:
+    """Start ``name``'s engine (RHYME: import the run's history), wait at ``barrier``, time
+    one rollout, shut the engine down."""
     from transformers import AutoTokenizer
 
     from rhyme_sglang import Engine
     from rhyme_sglang.models import resolve_model_path
     from rl_driver.tasks import build_prompts
 
+    prompts = build_prompts(config.task, AutoTokenizer.from_pretrained(
+        resolve_model_path(config.model)), config.seed)
+    epochs = config.loop.epochs
+    engine = Engine(**_engine_args(config, name))
+    try:
+        if name == "rhyme":
+            for _ in range(epochs - 1):  # history epochs 0..E-1; the final policy is epoch E
+                engine.rhyme_advance_epoch()
+            added = sum(engine.rhyme_import_history(s)["added"]
+                        for s in _history_states(config, epochs))
+            engine.rhyme_advance_epoch()
+            logger.info("side by side: RHYME got %d history responses", added)
+        if barrier is not None:
+            barrier.wait()
+        return engine.loop.run_until_complete(
+            _rollout(engine, prompts, config.rollout.group_size, config.rollout.sampling_params()))
+    finally:
+        engine.shutdown()
+
+
+def _child(config, name: str, barrier, results) -> None:
+    try:
+        results.put((name, _time_one(config, name, barrier)))
+    except BaseException as exc:
+        barrier.abort()  # the other side must not wait for an engine that never comes
+        results.put((name, {"error": f"{type(exc).__name__}: {exc}"}))
+        raise
+
+
+def _concurrent(config) -> Dict[str, Any]:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")  # sglang engines start their own processes: not daemonic
+    barrier, results = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_child, args=(config, name, barrier, results), name=name)
+             for name in ("vanilla", "rhyme")]
+    for p in procs:
+        p.start()
+    out: Dict[str, Any] = {}
+    while len(out) < len(procs):
+        try:
+            name, result = results.get(timeout=5.0)
+            out[name] = result
+        except queue.Empty:  # a child that died without a word (killed, crashed)
+            for p in procs:
+                if p.exitcode not in (None, 0) and p.name not in out:
+                    out[p.name] = {"error": f"process exited with code {p.exitcode}"}
+                    barrier.abort()
+    for p in procs:
+        p.join()
+    failed = {k: v["error"] for k, v in out.items() if "error" in v}
+    if failed:
+        raise RuntimeError(f"side by side failed: {failed}")
+    return out
+
+
+def compare(config, concurrent: Optional[bool] = None) -> Dict[str, Any]:
+    """Time the final policy's rollout with vanilla and with RHYME (``config`` resolved).
+    ``concurrent``: both engines at once (default: when the run has two or more engines)."""
     final = config.run_dir / "final"
     if not final.is_dir():
         raise ValueError(f"{final} does not exist: run the loop with loop.save_final: true")
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(config.model))
-    prompts = build_prompts(config.task, tokenizer, config.seed)
-    params = config.rollout.sampling_params()
-    epochs = config.loop.epochs
-    base = config.engine.server_args(str(final))
-    base.pop("speculative_algorithm", None)
-    base.pop("speculative_num_draft_tokens", None)
-    base.pop("rhyme_schedule_policy", None)
-    rhyme = config.engine.server_args(str(final))
-    rhyme.update(speculative_algorithm="RHYME")
-    out: Dict[str, Any] = {}
-    for name, kwargs in (("vanilla", base), ("rhyme", rhyme)):
-        engine = Engine(**kwargs)
-        try:
-            if name == "rhyme":
-                for _ in range(epochs - 1):  # history epochs 0..E-1; the final policy is epoch E
-                    engine.rhyme_advance_epoch()
-                added = sum(engine.rhyme_import_history(s)["added"]
-                            for s in _history_states(config, epochs))
-                engine.rhyme_advance_epoch()
-                logger.info("side by side: RHYME got %d history responses", added)
-            out[name] = engine.loop.run_until_complete(
-                _rollout(engine, prompts, config.rollout.group_size, params))
-        finally:
-            engine.shutdown()
+    if concurrent is None:
+        concurrent = config.engine.num_engines >= 2
+    if concurrent:
+        out = _concurrent(config)
+    else:
+        out = {name: _time_one(config, name) for name in ("vanilla", "rhyme")}
+    out["concurrent"] = concurrent
     out["speedup_tokens_per_s"] = out["rhyme"]["tokens_per_s"] / out["vanilla"]["tokens_per_s"]
     out["speedup_makespan"] = out["vanilla"]["makespan_s"] / out["rhyme"]["makespan_s"]
     return out

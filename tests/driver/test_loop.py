@@ -1,6 +1,7 @@
 """The whole loop on the tiny model with 2 RHYME engines under Ray: epochs advance, the
 history grows, metrics and traces are written, reward rises on a learnable task, an engine
-killed mid-rollout loses no sample, and ``resume`` continues the run."""
+killed mid-rollout loses no sample, ``resume`` continues the run, and the demo's final
+side-by-side (vanilla vs RHYME on the saved policy) runs both engines at once."""
 
 from __future__ import annotations
 
@@ -31,13 +32,14 @@ def finished_run(ray_cluster, tmp_path_factory):
 
     first = run(config, on_rollout_start=kill_engine1)
     resumed_config = load_config(str(CONFIG), {"loop.output_dir": str(out),
-                                               "loop.epochs": EPOCHS + MORE})
+                                               "loop.epochs": EPOCHS + MORE,
+                                               "loop.save_final": True})
     second = run(resumed_config, resume=True)
-    return config, first, second, killed
+    return config, first, second, killed, resumed_config
 
 
 def test_epochs_metrics_and_history(finished_run):
-    config, first, second, _ = finished_run
+    config, first, second, *_ = finished_run
     lines = [json.loads(x) for x in (config.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["epoch"] for m in lines] == list(range(EPOCHS + MORE))
     for m in lines:
@@ -73,7 +75,7 @@ def test_trace_is_valid_and_complete(finished_run):
 
 
 def test_killed_engine_loses_no_sample(finished_run):
-    config, first, _, killed = finished_run
+    config, first, _, killed, _ = finished_run
     assert len(killed) == 1
     assert first[1]["restarts"] == 1 and first[1]["reissued"] >= 1
     assert first[0]["restarts"] == 0
@@ -82,7 +84,7 @@ def test_killed_engine_loses_no_sample(finished_run):
 
 
 def test_reward_rises_on_the_learnable_task(finished_run):
-    _, first, second, _ = finished_run
+    _, first, second, *_ = finished_run
     rewards = [m["mean_reward"] for m in first + second]
     assert rewards[-1] > rewards[0] + 0.2, rewards
 
@@ -99,5 +101,21 @@ def test_report(finished_run):
 
 
 def test_rhyme_rollout_logprobs_match_the_trainer(finished_run):
-    _, first, _, _ = finished_run
+    _, first, *_ = finished_run
     assert first[0]["train"]["logprob_abs_diff"] < 1e-3  # fp32 engine vs fp32 trainer, epoch 0
+
+
+def test_side_by_side_runs_vanilla_and_rhyme_at_once(finished_run):
+    from rl_driver.side_by_side import compare
+
+    *_, resumed_config = finished_run
+    config = resumed_config.resolved()
+    r = compare(config, concurrent=True)
+    expected = config.task.num_prompts * config.rollout.group_size
+    assert r["concurrent"] is True
+    for name in ("vanilla", "rhyme"):
+        assert expected <= r[name]["output_tokens"] <= expected * config.rollout.max_new_tokens
+        assert r[name]["makespan_s"] > 0
+    assert r["vanilla"]["tau"] == 1.0 and r["rhyme"]["tau"] > 1.0  # history drafts accepted
+    assert r["speedup_tokens_per_s"] == pytest.approx(
+        r["rhyme"]["tokens_per_s"] / r["vanilla"]["tokens_per_s"])
