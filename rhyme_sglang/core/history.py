@@ -87,7 +87,11 @@ class EpochRecords(list):
             self.append(rec)
 
     def remove(self, rec: ResponseRecord) -> None:
-        super().remove(rec)
+        # by identity: records are dataclasses, and two equal ones are still two responses
+        i = next((i for i, r in enumerate(self) if r is rec), None)
+        if i is None:
+            raise ValueError(f"record of sample {rec.sample} is not in this epoch")
+        del self[i]
         if self.by_sample.get(rec.sample) is rec:
             del self.by_sample[rec.sample]
             other = next((r for r in self if r.sample == rec.sample), None)
