@@ -185,15 +185,16 @@ class Trainer:
             rollout_diff = sum(abs(a - b) for s in samples
                                for a, b in zip(s["logprobs"], s["rollout_logprobs"]))
         minibatches = [samples[i::cfg.num_minibatches] for i in range(cfg.num_minibatches)]
-        done, total = 0, sum(len(self._micro_batches(m)) for m in minibatches)
+        plan = [self._micro_batches(m) for m in minibatches if m]
+        done, total = 0, sum(len(p) for p in plan)
         self._progress = (done, total)
         totals = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "ratio_mean": 0.0,
                   "grad_norm": 0.0, "logprob_abs_diff": 0.0}
         steps = 0
-        for mb in (m for m in minibatches if m):
+        for mb, batches in zip((m for m in minibatches if m), plan):
             num_tokens = float(sum(len(s["response_ids"]) for s in mb))
             self.optimizer.zero_grad(set_to_none=True)
-            for batch in self._micro_batches(mb):
+            for batch in batches:
                 old, resp_mask, adv = self._targets(batch)
                 logp = self._response_logprobs(self.model, batch)
                 ref = None
