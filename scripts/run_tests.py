@@ -1,0 +1,144 @@
+"""Run the test suite as separate pytest processes on parallel lanes (what `make test` calls).
+
+Each job is one pytest process: the engine-free tests in two jobs (the driver's, which start
+Ray, and the rest), and every engine module under ``tests/sglang`` on its own (sglang allows one
+engine per process, and a crashed engine must not take other modules with it). Jobs are taken
+longest-expected-first by whichever lane is free (LPT list scheduling), so the lossless suite
+starts at once and the short modules fill the gaps. A job's output is kept in a log and printed
+when it ends: in full when it failed, its summary line when it passed.
+
+Lanes default to ``min(2, cores)``: a lossless or engine job keeps about one core busy (the
+scheduler; its tokenizer and detokenizer processes take the rest in bursts), so two lanes on
+two cores roughly halve the suite's wall time. ``RHYME_TEST_LANES`` or ``--lanes`` overrides it.
+
+    python scripts/run_tests.py [--lanes N] [--list] [-- PYTEST_ARGS...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Expected seconds per job, measured alone on a 2-core avx2 machine (stop 12's clean-clone run);
+# only the order of jobs depends on them. A job missing here is expected to take DEFAULT_S.
+EXPECTED_S = {
+    "tests/sglang/test_spec_lossless.py": 561,
+    "tests/driver": 260,
+    "tests/sglang/test_rhyme_engine.py": 199,
+    "tests/sglang/test_router.py": 138,
+    "tests/sglang/test_bench_cpu_engine.py": 104,
+    "unit": 100,
+    "tests/sglang/test_smollm2.py": 57,
+    "tests/sglang/test_server_http.py": 48,
+    "tests/sglang/test_engine_tiny.py": 39,
+    "tests/sglang/test_own_children.py": 18,
+}
+DEFAULT_S = 60
+
+
+def jobs() -> list[tuple[str, list[str]]]:
+    """(name, pytest arguments) of every job, longest expected first."""
+    out = [("unit", ["tests", "--ignore=tests/sglang", "--ignore=tests/driver"]),
+           ("tests/driver", ["tests/driver"])]
+    out += [(str(p.relative_to(ROOT)), [str(p.relative_to(ROOT))])
+            for p in sorted((ROOT / "tests" / "sglang").glob("test_*.py"))]
+    return sorted(out, key=lambda job: -EXPECTED_S.get(job[0], DEFAULT_S))
+
+
+def default_lanes() -> int:
+    env = os.environ.get("RHYME_TEST_LANES")
+    if env:
+        if not env.isdigit() or int(env) < 1:
+            raise ValueError(f"RHYME_TEST_LANES must be a positive integer, got {env!r}")
+        return int(env)
+    return max(1, min(2, len(os.sched_getaffinity(0))))
+
+
+def _clock(seconds: float) -> str:
+    return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
+
+
+class Runner:
+    def __init__(self, pytest_args: list[str], log_dir: Path):
+        self.pytest_args, self.log_dir = pytest_args, log_dir
+        self.lock = threading.Lock()
+        self.queue = jobs()
+        self.results: list[tuple[str, int, float]] = []
+        self.start = time.monotonic()
+
+    def _next(self):
+        with self.lock:
+            return self.queue.pop(0) if self.queue else None
+
+    def lane(self, index: int) -> None:
+        while (job := self._next()) is not None:
+            name, args = job
+            log = self.log_dir / (name.replace("/", "_") + ".log")
+            started = time.monotonic()
+            with open(log, "w") as fh:
+                rc = subprocess.call([sys.executable, "-m", "pytest", "-q", *args, *self.pytest_args],
+                                     cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
+            took = time.monotonic() - started
+            self._report(name, rc, took, index, log)
+
+    def _report(self, name: str, rc: int, took: float, lane: int, log: Path) -> None:
+        text = log.read_text(errors="replace")
+        # pytest exits 5 when every test of a job was deselected (e.g. by -m): not a failure
+        ok = rc in (0, 5)
+        with self.lock:
+            self.results.append((name, rc, took))
+            status = "passed" if ok else f"FAILED (exit {rc})"
+            print(f"== [{_clock(time.monotonic() - self.start)}] lane {lane}: {name} {status} "
+                  f"in {_clock(took)}", flush=True)
+            lines = text.rstrip().splitlines()
+            shown = lines if not ok else [ln for ln in lines[-15:] if ln.startswith(("=", "SKIPPED", "XFAIL"))
+                                         or " passed" in ln or " skipped" in ln]
+            for line in shown or lines[-1:]:
+                print("   " + line, flush=True)
+
+    def run(self, lanes: int) -> int:
+        threads = [threading.Thread(target=self.lane, args=(i + 1,)) for i in range(lanes)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        failed = [name for name, rc, _ in self.results if rc not in (0, 5)]
+        total = time.monotonic() - self.start
+        print(f"== {len(self.results)} jobs on {lanes} lane(s) in {_clock(total)}; "
+              + (f"FAILED: {', '.join(failed)}" if failed else "all passed"), flush=True)
+        return 1 if failed else 0
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    pytest_args = []
+    if "--" in argv:
+        at = argv.index("--")
+        argv, pytest_args = argv[:at], argv[at + 1:]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lanes", type=int, default=None, help="parallel pytest processes")
+    parser.add_argument("--list", action="store_true", help="print the jobs in order and exit")
+    args = parser.parse_args(argv)
+    lanes = default_lanes() if args.lanes is None else args.lanes
+    if lanes < 1:
+        parser.error(f"--lanes must be at least 1, got {lanes}")
+    if args.list:
+        for name, job_args in jobs():
+            print(f"{EXPECTED_S.get(name, DEFAULT_S):5d} s  {name}: pytest {' '.join(job_args)}")
+        return 0
+    with tempfile.TemporaryDirectory(prefix="rhyme-tests-") as tmp:
+        print(f"== {len(jobs())} pytest jobs on {lanes} lane(s) (logs in {tmp} while they run)",
+              flush=True)
+        return Runner(pytest_args, Path(tmp)).run(lanes)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
