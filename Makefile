@@ -54,7 +54,7 @@ $(MODELS_STAMP): $(STAMP) rhyme_sglang/models.py
 
 # sglang allows one engine per process; each engine-heavy module runs in its own pytest
 # process so a crashed engine cannot take the rest of the suite with it. The processes run on
-# parallel lanes, longest first (scripts/run_tests.py; RHYME_TEST_LANES=1 runs them in turn).
+# one lane per two cores, longest first (scripts/run_tests.py; one lane on 2 cores).
 test: setup models
 	$(VPY) scripts/run_tests.py
 

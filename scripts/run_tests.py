@@ -3,13 +3,17 @@
 Each job is one pytest process: the engine-free tests in two jobs (the driver's, which start
 Ray, and the rest), and every engine module under ``tests/sglang`` on its own (sglang allows one
 engine per process, and a crashed engine must not take other modules with it). Jobs are taken
-longest-expected-first by whichever lane is free (LPT list scheduling), so the lossless suite
-starts at once and the short modules fill the gaps. A job's output is kept in a log and printed
+longest-expected-first by whichever lane is free (LPT list scheduling), so on several lanes the
+lossless suite starts at once and the short modules fill the gaps. A job's output is kept in a log and printed
 when it ends: in full when it failed, its summary line when it passed.
 
-Lanes default to ``min(2, cores)``: a lossless or engine job keeps about one core busy (the
-scheduler; its tokenizer and detokenizer processes take the rest in bursts), so two lanes on
-two cores roughly halve the suite's wall time. ``RHYME_TEST_LANES`` or ``--lanes`` overrides it.
+Lanes default to one per two usable cores, and each lane is pinned to its own share of them:
+an engine job keeps about two cores busy by itself (measured on the lossless suite: scheduler
+~1.0, detokenizer ~0.6-0.8, the test process's tokenizer manager ~0.5 of a core), and the
+driver's jobs run Ray with two engines and a trainer. On a 2-core machine two lanes were
+slower than one (stop 13, clean clone: the lossless suite 9:21 alone -> 13:29, the driver
+tests ~4:30 -> 23:08, test_rhyme_engine 3:19 -> 8:32), so there it runs one lane, job after job.
+``RHYME_TEST_LANES`` or ``--lanes`` overrides it.
 
     python scripts/run_tests.py [--lanes N] [--list] [-- PYTEST_ARGS...]
 """
@@ -27,8 +31,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Expected seconds per job, measured alone on a 2-core avx2 machine (stop 12's clean-clone run);
-# only the order of jobs depends on them. A job missing here is expected to take DEFAULT_S.
+# Expected seconds per job, measured one at a time on a 2-core avx2 machine (stop 12's
+# clean-clone run); only the order of jobs depends on them. A job missing here is expected to take DEFAULT_S.
 EXPECTED_S = {
     "tests/sglang/test_spec_lossless.py": 561,
     "tests/driver": 260,
@@ -53,13 +57,28 @@ def jobs() -> list[tuple[str, list[str]]]:
     return sorted(out, key=lambda job: -EXPECTED_S.get(job[0], DEFAULT_S))
 
 
+def run_order(lanes: int) -> list[tuple[str, list[str]]]:
+    """Several lanes: longest first (LPT). One lane: shortest first, so a failure shows early."""
+    return jobs() if lanes > 1 else jobs()[::-1]
+
+
 def default_lanes() -> int:
     env = os.environ.get("RHYME_TEST_LANES")
     if env:
         if not env.isdigit() or int(env) < 1:
             raise ValueError(f"RHYME_TEST_LANES must be a positive integer, got {env!r}")
         return int(env)
-    return max(1, min(2, len(os.sched_getaffinity(0))))
+    return max(1, len(os.sched_getaffinity(0)) // 2)
+
+
+def lane_cpus(lanes: int) -> list[set[int]]:
+    """Each lane's CPUs: the usable ones split into ``lanes`` contiguous shares (a lane that
+    would get none shares them all)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if lanes <= 1 or lanes > len(cpus):
+        return [set(cpus)] * lanes
+    size = len(cpus) // lanes
+    return [set(cpus[i * size:(i + 1) * size if i < lanes - 1 else None]) for i in range(lanes)]
 
 
 def _clock(seconds: float) -> str:
@@ -67,10 +86,10 @@ def _clock(seconds: float) -> str:
 
 
 class Runner:
-    def __init__(self, pytest_args: list[str], log_dir: Path):
-        self.pytest_args, self.log_dir = pytest_args, log_dir
+    def __init__(self, pytest_args: list[str], log_dir: Path, lanes: int):
+        self.pytest_args, self.log_dir, self.lanes = pytest_args, log_dir, lanes
         self.lock = threading.Lock()
-        self.queue = jobs()
+        self.queue = run_order(lanes)
         self.results: list[tuple[str, int, float]] = []
         self.start = time.monotonic()
 
@@ -78,14 +97,16 @@ class Runner:
         with self.lock:
             return self.queue.pop(0) if self.queue else None
 
-    def lane(self, index: int) -> None:
+    def lane(self, index: int, cpus: set[int]) -> None:
+        pin = cpus != os.sched_getaffinity(0)
         while (job := self._next()) is not None:
             name, args = job
             log = self.log_dir / (name.replace("/", "_") + ".log")
             started = time.monotonic()
             with open(log, "w") as fh:
                 rc = subprocess.call([sys.executable, "-m", "pytest", "-q", *args, *self.pytest_args],
-                                     cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
+                                     cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
+                                     preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if pin else None)
             took = time.monotonic() - started
             self._report(name, rc, took, index, log)
 
@@ -104,8 +125,10 @@ class Runner:
             for line in shown or lines[-1:]:
                 print("   " + line, flush=True)
 
-    def run(self, lanes: int) -> int:
-        threads = [threading.Thread(target=self.lane, args=(i + 1,)) for i in range(lanes)]
+    def run(self) -> int:
+        lanes = self.lanes
+        threads = [threading.Thread(target=self.lane, args=(i + 1, cpus))
+                   for i, cpus in enumerate(lane_cpus(lanes))]
         for t in threads:
             t.start()
         for t in threads:
@@ -125,19 +148,19 @@ def main(argv=None) -> int:
         argv, pytest_args = argv[:at], argv[at + 1:]
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lanes", type=int, default=None, help="parallel pytest processes")
-    parser.add_argument("--list", action="store_true", help="print the jobs in order and exit")
+    parser.add_argument("--list", action="store_true", help="print the jobs in run order and exit")
     args = parser.parse_args(argv)
     lanes = default_lanes() if args.lanes is None else args.lanes
     if lanes < 1:
         parser.error(f"--lanes must be at least 1, got {lanes}")
     if args.list:
-        for name, job_args in jobs():
+        for name, job_args in run_order(lanes):
             print(f"{EXPECTED_S.get(name, DEFAULT_S):5d} s  {name}: pytest {' '.join(job_args)}")
         return 0
     with tempfile.TemporaryDirectory(prefix="rhyme-tests-") as tmp:
         print(f"== {len(jobs())} pytest jobs on {lanes} lane(s) (logs in {tmp} while they run)",
               flush=True)
-        return Runner(pytest_args, Path(tmp)).run(lanes)
+        return Runner(pytest_args, Path(tmp), lanes).run()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,45 @@
+"""scripts/run_tests.py: every test module is in some job, lanes split the CPUs."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("run_tests", ROOT / "scripts" / "run_tests.py")
+run_tests = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(run_tests)
+
+
+def test_every_engine_module_is_its_own_job_and_the_rest_is_covered():
+    names = [name for name, _ in run_tests.jobs()]
+    modules = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests" / "sglang").glob("test_*.py"))
+    assert sorted(n for n in names if n.startswith("tests/sglang/")) == modules
+    assert "unit" in names and "tests/driver" in names
+    unit = dict(run_tests.jobs())["unit"]
+    assert "--ignore=tests/sglang" in unit and "--ignore=tests/driver" in unit
+    expected = [run_tests.EXPECTED_S.get(n, run_tests.DEFAULT_S) for n in names]
+    assert expected == sorted(expected, reverse=True)  # longest first
+
+
+def test_lanes_split_the_cpus_without_overlap():
+    cpus = sorted(os.sched_getaffinity(0))
+    assert run_tests.lane_cpus(1) == [set(cpus)]
+    if len(cpus) >= 2:
+        shares = run_tests.lane_cpus(2)
+        assert shares[0] and shares[1] and not shares[0] & shares[1]
+        assert shares[0] | shares[1] == set(cpus)
+    assert run_tests.lane_cpus(len(cpus) + 1) == [set(cpus)] * (len(cpus) + 1)
+
+
+def test_lanes_from_the_environment(monkeypatch):
+    monkeypatch.setenv("RHYME_TEST_LANES", "3")
+    assert run_tests.default_lanes() == 3
+    monkeypatch.setenv("RHYME_TEST_LANES", "two")
+    with pytest.raises(ValueError, match="RHYME_TEST_LANES"):
+        run_tests.default_lanes()
+    monkeypatch.delenv("RHYME_TEST_LANES")
+    assert run_tests.default_lanes() == max(1, len(os.sched_getaffinity(0)) // 2)
