@@ -120,8 +120,11 @@ def rhyme_server(model_path: str, dtype: str, vocab: int, prompt_len: int, new_t
     """verify/plain at PLAIN_BATCHES, each from a history round then a perfect-history round."""
     from rhyme_sglang.server_process import ServerProcess, get
 
+    # --rhyme-cost-cache 0: the cost model's step costs are what this benchmark measures, so
+    # they start empty instead of from an earlier engine's saved table
     srv = ServerProcess(["--model-path", model_path, "--dtype", dtype, "--speculative-algorithm",
-                         "RHYME", "--speculative-num-draft-tokens", str(width + 1)],
+                         "RHYME", "--speculative-num-draft-tokens", str(width + 1),
+                         "--rhyme-cost-cache", "0"],
                         "/tmp/bench_cpu_engine_rhyme.log")
     try:
         srv.wait_ready(timeout=600)

@@ -21,7 +21,8 @@ One run, one machine, one policy trajectory for every mode:
    epochs >= ``--timed-from``.
 
 ``--ordering`` adds the FCFS vs longest-predicted-first experiment (``benchmarks.bench_ordering``;
-``--ordering-only`` runs just that). ``--quick`` is a small version (about 10 minutes here).
+``--ordering-only`` runs just that). ``--quick`` is a small version (``QUICK``; sized for 10 minutes
+on a 2-core CPU).
 
     python -m benchmarks.bench_rollout [--quick] [--json OUT]
 
@@ -52,9 +53,10 @@ MODES = {
     "rhyme_fixed": {"speculative_algorithm": "RHYME", "speculative_num_draft_tokens": 9,
                     "rhyme_adaptive": False},
 }
-# the small version: 3 chain_sum + 1 gsm_symbolic prompt x 4 samples, a 256-token cap (the
-# long tail is the gsm group); sized to finish in 10 minutes on a 2-core CPU (fp32)
-QUICK = {"prompts": "3,1", "group": 4, "epochs": 3, "max_new_tokens": 256}
+# the small version: 3 chain_sum + 1 gsm_symbolic prompt x 4 samples (the long tail is the gsm
+# group). Measured on a 2-core avx2 CPU, fp32: 24 min at 4+2 prompts and a 384-token cap, 11:50
+# at 3+1 and 256 tokens (each epoch's makespan is its longest answer, up to the cap); so 192.
+QUICK = {"prompts": "3,1", "group": 4, "epochs": 3, "max_new_tokens": 192}
 
 
 def build_prompts(model_path: str, counts, datasets: list[str], seed: int):
@@ -286,7 +288,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_rollout")
     parser.add_argument("--model", choices=["tiny", "smollm2"], default="smollm2")
     parser.add_argument("--quick", action="store_true",
-                        help=f"a small version (about 10 min here): {QUICK}")
+                        help=f"a small version (sized for 10 min on 2 cores): {QUICK}")
     parser.add_argument("--prompts", default="12,4",
                         help="prompts per dataset of --datasets (comma-separated)")
     parser.add_argument("--datasets", default="chain_sum,gsm_symbolic",

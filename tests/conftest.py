@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import tempfile
 
 import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# RHYME engines keep measured step costs between starts; each test process gets its own file,
+# so no test starts from another run's (or the user's) cost table
+os.environ.setdefault("RHYME_STEP_COSTS", os.path.join(
+    tempfile.mkdtemp(prefix="rhyme-step-costs-"), "step_costs.json"))
 
 
 def _has(module: str) -> bool:

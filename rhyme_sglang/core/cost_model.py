@@ -106,6 +106,11 @@ class SpecCostModel:
                 self._time[(bucket_of(batch_size), width)] = seconds / batch_size
         self._curve = None
 
+    def table(self) -> Dict[Tuple[int, int], float]:
+        """The measured cells as ``{(batch bucket, width): seconds per whole step}``, the form
+        :meth:`seed` takes (a round trip gives the same model)."""
+        return {(b, w): per_req * b for (b, w), per_req in self._time.items()}
+
     # ------------------------------------------------------------------ estimates
     def step_time(self, batch_size: int, width: int) -> Optional[float]:
         """Measured seconds of a whole step (None when that cell was never measured)."""

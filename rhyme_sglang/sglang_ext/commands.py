@@ -34,13 +34,22 @@ class ControlCommands:
 
     def _cmd_stats(self):
         out = self.stats.as_dict()
+        cost_model = self.cost.as_dict()
+        cost_model["seeded_cells"] = self.step_costs.seeded if self.step_costs else 0
         out.update(
-            cost_model=self.cost.as_dict(), breakdown=timeline.breakdown(),
+            cost_model=cost_model, breakdown=timeline.breakdown(),
             epoch=self.store.epoch, num_prompts=self.store.num_prompts,
             num_responses=self.store.num_responses, active_requests=len(self._tracked),
             memory_bytes=self.store.estimate_memory(), backend=self.store.backend,
         )
         return out
+
+    def _cmd_flush_step_costs(self):
+        """Save the cost model's step costs now (the engine calls it when it shuts down)."""
+        if self.step_costs is None:
+            return {"saved": False}
+        self.step_costs.flush(self.cost)
+        return {"saved": True}
 
     def _cmd_breakdown(self, reset=False):
         return timeline.breakdown(reset=bool(reset))

@@ -41,6 +41,9 @@ class RhymeConfig:
       ``speculative_num_draft_tokens - 1``. None = powers of two below that, plus it.
     * ``group_prefill``: a prefill pass takes one request per prompt group whose prompt is
       not cached yet; its siblings follow a pass later and prefill from the prefix cache.
+    * ``cost_cache``: start the cost model from the step costs an earlier engine measured on
+      this machine, model shape, dtype and threads, and keep them for the next one
+      (:mod:`.step_costs`; file ``$RHYME_STEP_COSTS`` or ``<cache>/rhyme_sglang/step_costs.json``).
     * ``cycle_widths``: diagnostic/test mode: decode steps walk through plain and every
       width in an order that makes every switch between two of them (lossless tests).
     """
@@ -59,6 +62,7 @@ class RhymeConfig:
     widths: Optional[Tuple[int, ...]] = None
     cycle_widths: bool = False
     group_prefill: bool = True
+    cost_cache: bool = True
 
     def __post_init__(self) -> None:
         if self.widths is not None:

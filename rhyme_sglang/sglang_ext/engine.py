@@ -11,6 +11,7 @@ natively, else fp32; bf16 with CUDA); ``cpu_threads=N`` sets the scheduler's com
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 from rhyme_sglang.machine import resolve_dtype
 from rhyme_sglang.models import resolve_model_path
@@ -32,6 +33,7 @@ from rhyme_sglang.sglang_ext.process import run_scheduler_process  # noqa: E402
 from rhyme_sglang.sglang_ext.validation import install_token_id_check  # noqa: E402
 
 install_token_id_check()
+logger = logging.getLogger(__name__)
 
 
 class Engine(_SGLangEngine):
@@ -114,6 +116,14 @@ class Engine(_SGLangEngine):
 
     def shutdown(self):
         if self._rhyme is not None:
+            if self._is_rhyme:  # keep the measured step costs for the next engine
+                flush = ControlClient(self.rhyme_config.control_addr, timeout_s=5.0)
+                try:
+                    flush.call("flush_step_costs")
+                except Exception as exc:  # a dead scheduler: its periodic saves stand
+                    logger.debug("rhyme: step costs not flushed at shutdown: %s", exc)
+                finally:
+                    flush.close()
             self._rhyme.close()
         with own_children.sparing(getattr(self, "_own_children", set())):
             result = super().shutdown()

@@ -62,6 +62,22 @@ def _custom(req, key):
     return value
 
 
+def _step_cost_cache(server_args, target_worker):
+    """This engine's entry in the saved step costs: machine, model shape, dtype, threads."""
+    import torch
+
+    from rhyme_sglang.sglang_ext.step_costs import StepCostCache, model_shape, table_key
+
+    shape = model_shape(target_worker.model_runner.model_config.hf_config)
+    device = str(getattr(server_args, "device", None) or "cpu")
+    if device.startswith("cuda") and torch.cuda.is_available():
+        device = torch.cuda.get_device_name()
+    threads = torch.get_num_threads()
+    key = table_key(shape, server_args.dtype, threads, device)
+    return StepCostCache(key, about={"model": shape, "dtype": str(server_args.dtype),
+                                     "threads": threads, "device": device})
+
+
 class RhymeWorker(ControlCommands, NGRAMWorker):
     def __init__(self, server_args, gpu_id, nccl_port, target_worker):
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
@@ -73,6 +89,10 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         self.widths = (check_widths(self.config.widths, self.max_width) if self.config.widths
                        else default_widths(self.max_width))
         self.cost = SpecCostModel(widths=self.widths)
+        self.step_costs = None  # saved step costs: a warm cost model across engine starts
+        if self.config.cost_cache and self.config.adaptive and not self.config.cycle_widths:
+            self.step_costs = _step_cost_cache(server_args, target_worker)
+            self.step_costs.seed(self.cost)
         kinds = (PLAIN,) + self.widths  # cycle_widths: every ordered pair (a, b) in turn
         self._cycle, self._cycle_step = [x for a in kinds for b in kinds for x in (a, b)], -1
         self._pending_drafts = None  # drafts made while deciding, reused by the verify step
@@ -111,6 +131,8 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
             with step_kinds.verify_width(self, width + 1):
                 result = super().forward_batch_generation(batch, on_publish, pp_proxy_tensors)
         self.cost.observe_step(bs, width, time.perf_counter() - start)
+        if self.step_costs is not None:
+            self.step_costs.observed(self.cost)
         self.stats.count_step(decode_kind(width))
         return result
 

@@ -65,13 +65,18 @@ def _assert_greedy_matches(out, baseline):
         assert all(math.isclose(a, b, abs_tol=1e-4) for a, b in zip(got, ref))
 
 
-def test_adaptive_mixes_plain_and_verify_steps_losslessly(tiny, baseline, tiny_model_path):
-    engine = tiny("tiny-rhyme-adaptive")
-    for _ in range(3):
+def _greedy_epochs(engine, baseline, epochs: int) -> None:
+    """``epochs`` greedy rounds, each equal to non-speculative decoding, the epoch advancing."""
+    for _ in range(epochs):
         _assert_greedy_matches(
             engine.generate(input_ids=PROMPTS, sampling_params=GREEDY, return_logprob=True),
             baseline)
         engine.rhyme_advance_epoch()
+
+
+def test_adaptive_mixes_plain_and_verify_steps_losslessly(tiny, baseline, tiny_model_path):
+    engine = tiny("tiny-rhyme-adaptive")
+    _greedy_epochs(engine, baseline, 3)
     # sampled tokens: reported logprobs equal the model's (plain steps included)
     sampled = engine.generate(input_ids=PROMPTS[:2] * 4, return_logprob=True,
                               sampling_params={"temperature": 1.0, "max_new_tokens": 24})
@@ -81,6 +86,24 @@ def test_adaptive_mixes_plain_and_verify_steps_losslessly(tiny, baseline, tiny_m
     steps = stats["decode_steps"]
     assert steps["plain"] > 0 and sum(v for k, v in steps.items() if k.startswith("verify")) > 0
     assert stats["cost_model"]["seconds_per_request_step"]
+
+
+def test_cost_model_starts_from_the_last_engines_step_costs(tiny, engines, baseline):
+    """An engine's measured step costs are saved when it shuts down; the next engine of the
+    same model, dtype and threads starts with them (tests/conftest.py gives this process its
+    own file) and stays lossless."""
+    engine = tiny("tiny-rhyme-adaptive")
+    _greedy_epochs(engine, baseline, 2)
+    measured = engine.rhyme_stats()["cost_model"]["seconds_per_request_step"]
+    assert measured
+    engines.close("tiny-rhyme-adaptive")  # shutdown flushes the table
+    warm = tiny("tiny-rhyme-adaptive", rhyme_memory_mb=256)  # another engine, same cost key
+    stats = warm.rhyme_stats()
+    assert stats["cost_model"]["seeded_cells"] == sum(len(cells) for cells in measured.values())
+    flat = lambda table: {(b, w): s for b, cells in table.items() for w, s in cells.items()}  # noqa: E731
+    assert flat(stats["cost_model"]["seconds_per_request_step"]) == pytest.approx(flat(measured))
+    _assert_greedy_matches(
+        warm.generate(input_ids=PROMPTS, sampling_params=GREEDY, return_logprob=True), baseline)
 
 
 def _assert_logprobs_match_model(model_path, prompts, outputs):

@@ -1,0 +1,136 @@
+"""Measured decode-step costs kept across engine starts, per machine and model shape.
+
+The cost model (:class:`rhyme_sglang.core.cost_model.SpecCostModel`) learns the seconds of a
+decode step per (batch bucket, verify width) online. A fresh engine knows none of them: it
+runs plain decode until the plain cell is measured, then tries each promising width once per
+batch bucket, and those exploratory verify steps cost time wherever the drafts do not pay
+(stop 10 measured up to ~1 s of a 6.5 s batch-1 round). The RL loop's engines live long
+enough to amortise that; a server started per benchmark, a side-by-side or a restarted engine
+do not. So a RHYME engine with the cost model on keeps its table in
+``<cache>/rhyme_sglang/step_costs.json`` (``$XDG_CACHE_HOME`` or ``~/.cache``;
+``$RHYME_STEP_COSTS`` names another file) and the next engine on the same machine, model
+shape, dtype, threads and device starts from it (:meth:`SpecCostModel.seed`), then keeps
+measuring: every step it runs moves its cell (an EMA), so a stale table corrects itself.
+
+Only the step seconds are kept: the acceptance calibration belongs to a workload's history,
+not the machine. ``--rhyme-cost-cache 0`` (``rhyme_cost_cache=False``) turns it off; the
+benchmarks that measure the cost model itself (``bench_cpu_engine``) start without it.
+Writes are atomic (a temporary file replaced), at most every ``SAVE_EVERY_S`` seconds while
+decoding and when the engine shuts down; a file that cannot be read or written only costs
+the warm start.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Dict, Optional, Tuple
+
+logger = logging.getLogger(__name__)
+
+PATH_ENV = "RHYME_STEP_COSTS"
+SAVE_EVERY_S = 30.0
+Table = Dict[Tuple[int, int], float]  # (batch bucket, width) -> seconds of a whole step
+
+
+def cache_path() -> Path:
+    explicit = os.environ.get(PATH_ENV)
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "rhyme_sglang" / "step_costs.json"
+
+
+def table_key(model_shape: dict, dtype: str, threads: int, device: str) -> str:
+    """This machine (CPU model, flags, torch), the model's shape, dtype, threads, device."""
+    from rhyme_sglang.machine import machine_key
+
+    text = json.dumps({"machine": machine_key(), "model": model_shape, "dtype": str(dtype),
+                       "threads": int(threads), "device": device}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def model_shape(hf_config) -> dict:
+    """The fields of an HF config that set a forward's cost (not its weights' values)."""
+    names = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
+             "num_attention_heads", "num_key_value_heads", "vocab_size", "head_dim")
+    return {n: getattr(hf_config, n) for n in names if isinstance(getattr(hf_config, n, None), (int, str))}
+
+
+def _read_all(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def load(key: str, path: Optional[Path] = None) -> Table:
+    """The saved table under ``key`` (empty when absent or unreadable)."""
+    entry = _read_all(path or cache_path()).get(key)
+    out: Table = {}
+    if not isinstance(entry, dict):
+        return out
+    for cell, seconds in (entry.get("seconds") or {}).items():
+        try:
+            bucket, width = (int(x) for x in cell.split(":"))
+            seconds = float(seconds)
+        except (ValueError, AttributeError):
+            continue
+        if bucket >= 1 and width >= 0 and seconds > 0:
+            out[(bucket, width)] = seconds
+    return out
+
+
+def save(key: str, table: Table, about: Optional[dict] = None, path: Optional[Path] = None) -> bool:
+    """Write ``table`` under ``key`` (other keys kept); False when the file could not be written."""
+    path = path or cache_path()
+    data = _read_all(path)
+    data[key] = {"seconds": {f"{b}:{w}": s for (b, w), s in sorted(table.items())},
+                 "saved": time.time(), **(about or {})}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+        return True
+    except OSError as exc:
+        logger.debug("could not save step costs to %s: %s", path, exc)
+        return False
+
+
+class StepCostCache:
+    """One engine's link to the file: ``seed`` the cost model at start, ``maybe_save`` while
+    decoding (rate-limited), ``flush`` at shutdown."""
+
+    def __init__(self, key: str, about: Optional[dict] = None, every_s: float = SAVE_EVERY_S):
+        self.key, self.about, self.every_s = key, about or {}, every_s
+        self.seeded = 0
+        self._last_save = time.monotonic()
+        self._dirty = False
+
+    def seed(self, cost_model) -> int:
+        table = load(self.key)
+        cost_model.seed(table)
+        self.seeded = sum(1 for (_, w) in table if w == 0 or w in cost_model.widths)
+        if self.seeded:
+            logger.info("rhyme: cost model starts from %d saved step costs (%s)", self.seeded,
+                        cache_path())
+        return self.seeded
+
+    def observed(self, cost_model) -> None:
+        self._dirty = True
+        if time.monotonic() - self._last_save >= self.every_s:
+            self.flush(cost_model)
+
+    def flush(self, cost_model) -> None:
+        if self._dirty:
+            # merge: cells this engine never measured keep their saved values
+            table = {**load(self.key), **cost_model.table()}
+            save(self.key, table, self.about)
+            self._dirty = False
+        self._last_save = time.monotonic()

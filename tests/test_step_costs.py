@@ -1,0 +1,114 @@
+"""Saved step costs: the cost model's table survives an engine restart (file round trip)."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+
+from rhyme_sglang.core.cost_model import PLAIN, SpecCostModel
+from rhyme_sglang.sglang_ext import step_costs
+
+
+@pytest.fixture()
+def cost_file(tmp_path, monkeypatch):
+    path = tmp_path / "costs" / "step_costs.json"
+    monkeypatch.setenv(step_costs.PATH_ENV, str(path))
+    return path
+
+
+def _measured() -> SpecCostModel:
+    model = SpecCostModel(widths=(1, 2, 4, 8, 16))
+    for bs, width, seconds in [(1, PLAIN, 0.07), (1, 4, 0.09), (3, PLAIN, 0.12), (3, 8, 0.4),
+                               (8, PLAIN, 0.2)]:
+        model.observe_step(bs, width, seconds)
+    return model
+
+
+def test_table_and_seed_round_trip():
+    model = _measured()
+    fresh = SpecCostModel(widths=(1, 2, 4, 8, 16))
+    fresh.seed(model.table())
+    assert fresh.table() == pytest.approx(model.table())
+    for bs in (1, 2, 3, 4, 8):
+        for w in fresh.candidates:
+            assert fresh.step_time(bs, w) == model.step_time(bs, w)
+    expected = {1: 0.3, 2: 0.6, 4: 0.9, 8: 1.0, 16: 1.0}
+    assert fresh.choose_width(4, expected) == model.choose_width(4, expected)
+
+
+def test_file_round_trip_keeps_other_keys(cost_file):
+    model = _measured()
+    assert step_costs.save("a", model.table(), {"dtype": "float32"})
+    assert step_costs.save("b", {(1, 0): 0.5})
+    assert step_costs.load("a") == pytest.approx(model.table())
+    assert step_costs.load("b") == {(1, 0): 0.5}
+    assert step_costs.load("missing") == {}
+    data = json.loads(cost_file.read_text())
+    assert data["a"]["dtype"] == "float32" and "1:0" in data["a"]["seconds"]
+
+
+def test_unreadable_or_bad_entries_cost_only_the_warm_start(cost_file):
+    cost_file.parent.mkdir(parents=True)
+    cost_file.write_text("not json")
+    assert step_costs.load("a") == {}
+    cost_file.write_text(json.dumps({"a": {"seconds": {"1:0": 0.1, "x:1": 2, "2:4": -1,
+                                                       "4:2": "slow", "8:-1": 0.3}}}))
+    assert step_costs.load("a") == {(1, 0): 0.1}
+    assert step_costs.save("a", {(1, 0): 0.2})  # a corrupt file is replaced, not fatal
+    assert step_costs.load("a") == {(1, 0): 0.2}
+
+
+def test_unwritable_location_is_not_an_error(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    monkeypatch.setenv(step_costs.PATH_ENV, str(blocker / "sub" / "step_costs.json"))
+    assert step_costs.save("a", {(1, 0): 0.1}) is False
+    assert step_costs.load("a") == {}
+
+
+def test_cache_seeds_a_new_engine_and_saves_rate_limited(cost_file):
+    first = step_costs.StepCostCache("k", every_s=3600)
+    model = SpecCostModel()
+    assert first.seed(model) == 0
+    model.observe_step(2, PLAIN, 0.1)
+    first.observed(model)
+    assert not cost_file.exists()  # rate-limited: nothing written within every_s
+    first.flush(model)
+    second, warm = step_costs.StepCostCache("k"), SpecCostModel()
+    assert second.seed(warm) == 1 and warm.step_time(2, PLAIN) == pytest.approx(0.1)
+    # a warm model speculates at once where a cold one measures plain decode first
+    assert SpecCostModel().choose_width(2, {1: 1.5}) == PLAIN
+    warm.observe_step(2, 1, 0.11)
+    assert warm.choose_width(2, {1: 1.5}) == 1
+    # a later engine's measurements replace the saved cell; cells it never ran are kept
+    warm.observe_step(2, PLAIN, 0.3)
+    second.observed(warm)
+    second.flush(warm)
+    saved = step_costs.load("k")
+    assert saved[(2, PLAIN)] == pytest.approx(0.8 * 0.1 + 0.2 * 0.3) and (2, 1) in saved
+    narrow = SpecCostModel(widths=(4,))
+    assert step_costs.StepCostCache("k").seed(narrow) == 1  # width 1 is not among its widths
+
+
+def test_key_depends_on_what_sets_the_cost():
+    shape = step_costs.model_shape(types.SimpleNamespace(
+        model_type="llama", hidden_size=576, num_hidden_layers=30, vocab_size=49152,
+        rope_scaling={"type": "x"}))
+    assert shape == {"model_type": "llama", "hidden_size": 576, "num_hidden_layers": 30,
+                     "vocab_size": 49152}
+    key = step_costs.table_key(shape, "float32", 1, "cpu")
+    assert key == step_costs.table_key(dict(shape), "float32", 1, "cpu")
+    assert len({key, step_costs.table_key(shape, "bfloat16", 1, "cpu"),
+                step_costs.table_key(shape, "float32", 2, "cpu"),
+                step_costs.table_key({**shape, "num_hidden_layers": 2}, "float32", 1, "cpu")}) == 4
+
+
+def test_the_flag_turns_it_off():
+    from rhyme_sglang.sglang_ext.config import RhymeConfig
+
+    assert RhymeConfig().cost_cache is True
+    config, rest = RhymeConfig.pop_from_argv(["--rhyme-cost-cache", "0", "--port", "1"])
+    assert config.cost_cache is False and rest == ["--port", "1"]
+    assert RhymeConfig.from_env(RhymeConfig(cost_cache=False).to_env({})).cost_cache is False
