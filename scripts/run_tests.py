@@ -2,10 +2,11 @@
 
 Each job is one pytest process: the engine-free tests in two jobs (the driver's, which start
 Ray, and the rest), and every engine module under ``tests/sglang`` on its own (sglang allows one
-engine per process, and a crashed engine must not take other modules with it). Jobs are taken
-longest-expected-first by whichever lane is free (LPT list scheduling), so on several lanes the
-lossless suite starts at once and the short modules fill the gaps. A job's output is kept in a log and printed
-when it ends: in full when it failed, its summary line when it passed.
+engine per process, and a crashed engine must not take other modules with it). On several
+lanes jobs are taken longest-expected-first by whichever lane is free (LPT list scheduling), so
+the lossless suite starts at once and the short modules fill the gaps; one lane runs the
+shortest first. A job's output is kept in a log and printed when it ends: in full when it
+failed, its summary line when it passed.
 
 Lanes default to one per two usable cores, and each lane is pinned to its own share of them:
 an engine job keeps about two cores busy by itself (measured on the lossless suite: scheduler
@@ -32,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 # Expected seconds per job, measured one at a time on a 2-core avx2 machine (stop 12's
-# clean-clone run); only the order of jobs depends on them. A job missing here is expected to take DEFAULT_S.
+# clean-clone run); only the order of jobs depends on them. A job missing here: DEFAULT_S.
 EXPECTED_S = {
     "tests/sglang/test_spec_lossless.py": 561,
     "tests/driver": 260,
@@ -81,6 +82,17 @@ def lane_cpus(lanes: int) -> list[set[int]]:
     return [set(cpus[i * size:(i + 1) * size if i < lanes - 1 else None]) for i in range(lanes)]
 
 
+def passed(rc: int) -> bool:
+    """pytest's exit code 5 (every test of a job deselected, e.g. by ``-m``) is not a failure."""
+    return rc in (0, 5)
+
+
+def _summary(lines: list[str]) -> list[str]:
+    """A passed job's summary: pytest's closing lines (counts, skips, xfails)."""
+    return [ln for ln in lines[-15:]
+            if ln.startswith(("=", "SKIPPED", "XFAIL")) or " passed" in ln or " skipped" in ln]
+
+
 def _clock(seconds: float) -> str:
     return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
 
@@ -104,24 +116,23 @@ class Runner:
             log = self.log_dir / (name.replace("/", "_") + ".log")
             started = time.monotonic()
             with open(log, "w") as fh:
-                rc = subprocess.call([sys.executable, "-m", "pytest", "-q", *args, *self.pytest_args],
-                                     cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
-                                     preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if pin else None)
+                pin_lane = (lambda: os.sched_setaffinity(0, cpus)) if pin else None
+                rc = subprocess.call([sys.executable, "-m", "pytest", "-q", *args,
+                                      *self.pytest_args], cwd=ROOT, stdout=fh,
+                                     stderr=subprocess.STDOUT, preexec_fn=pin_lane)
             took = time.monotonic() - started
             self._report(name, rc, took, index, log)
 
     def _report(self, name: str, rc: int, took: float, lane: int, log: Path) -> None:
         text = log.read_text(errors="replace")
-        # pytest exits 5 when every test of a job was deselected (e.g. by -m): not a failure
-        ok = rc in (0, 5)
+        ok = passed(rc)
         with self.lock:
             self.results.append((name, rc, took))
             status = "passed" if ok else f"FAILED (exit {rc})"
             print(f"== [{_clock(time.monotonic() - self.start)}] lane {lane}: {name} {status} "
                   f"in {_clock(took)}", flush=True)
             lines = text.rstrip().splitlines()
-            shown = lines if not ok else [ln for ln in lines[-15:] if ln.startswith(("=", "SKIPPED", "XFAIL"))
-                                         or " passed" in ln or " skipped" in ln]
+            shown = _summary(lines) if ok else lines
             for line in shown or lines[-1:]:
                 print("   " + line, flush=True)
 
@@ -133,7 +144,7 @@ class Runner:
             t.start()
         for t in threads:
             t.join()
-        failed = [name for name, rc, _ in self.results if rc not in (0, 5)]
+        failed = [name for name, rc, _ in self.results if not passed(rc)]
         total = time.monotonic() - self.start
         print(f"== {len(self.results)} jobs on {lanes} lane(s) in {_clock(total)}; "
               + (f"FAILED: {', '.join(failed)}" if failed else "all passed"), flush=True)

@@ -112,3 +112,15 @@ def test_the_flag_turns_it_off():
     config, rest = RhymeConfig.pop_from_argv(["--rhyme-cost-cache", "0", "--port", "1"])
     assert config.cost_cache is False and rest == ["--port", "1"]
     assert RhymeConfig.from_env(RhymeConfig(cost_cache=False).to_env({})).cost_cache is False
+
+
+def test_an_engines_entry_from_its_server_args_and_model_runner():
+    hf = types.SimpleNamespace(model_type="qwen2", hidden_size=128, num_hidden_layers=2)
+    runner = types.SimpleNamespace(model_config=types.SimpleNamespace(hf_config=hf))
+    args = types.SimpleNamespace(device="cpu", dtype="float32")
+    cache = step_costs.StepCostCache.for_engine(args, runner)
+    assert cache.about["model"] == {"model_type": "qwen2", "hidden_size": 128,
+                                    "num_hidden_layers": 2}
+    assert cache.about["device"] == "cpu" and cache.about["dtype"] == "float32"
+    assert cache.key == step_costs.table_key(cache.about["model"], "float32",
+                                             cache.about["threads"], "cpu")

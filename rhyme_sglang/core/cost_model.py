@@ -98,13 +98,17 @@ class SpecCostModel:
             ratio = min(max(accepted / predicted, 0.1), 10.0)
             self.calibration = (1 - self.alpha) * self.calibration + self.alpha * ratio
 
-    def seed(self, table: Mapping[Tuple[int, int], float]) -> None:
+    def seed(self, table: Mapping[Tuple[int, int], float]) -> int:
         """Prior step costs ``{(batch_size, width): seconds per whole step}``, as if measured
-        (a cost table of another run or machine); later measurements move them."""
+        (a cost table of another run or machine); later measurements move them. Returns how
+        many cells it took (widths this model does not use are skipped)."""
+        taken = 0
         for (batch_size, width), seconds in table.items():
             if width == PLAIN or width in self.widths:
                 self._time[(bucket_of(batch_size), width)] = seconds / batch_size
+                taken += 1
         self._curve = None
+        return taken
 
     def table(self) -> Dict[Tuple[int, int], float]:
         """The measured cells as ``{(batch bucket, width): seconds per whole step}``, the form

@@ -62,7 +62,8 @@ def model_shape(hf_config) -> dict:
     """The fields of an HF config that set a forward's cost (not its weights' values)."""
     names = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
              "num_attention_heads", "num_key_value_heads", "vocab_size", "head_dim")
-    return {n: getattr(hf_config, n) for n in names if isinstance(getattr(hf_config, n, None), (int, str))}
+    values = {n: getattr(hf_config, n, None) for n in names}
+    return {n: v for n, v in values.items() if isinstance(v, (int, str))}
 
 
 def _read_all(path: Path) -> dict:
@@ -117,10 +118,23 @@ class StepCostCache:
         self._last_save = time.monotonic()
         self._dirty = False
 
+    @classmethod
+    def for_engine(cls, server_args, model_runner) -> "StepCostCache":
+        """The entry of an engine (sglang's server args and model runner): this machine, the
+        model's shape, dtype, threads and device."""
+        import torch
+
+        shape = model_shape(model_runner.model_config.hf_config)
+        device = str(getattr(server_args, "device", None) or "cpu")
+        if device.startswith("cuda") and torch.cuda.is_available():
+            device = torch.cuda.get_device_name()
+        threads = torch.get_num_threads()
+        return cls(table_key(shape, server_args.dtype, threads, device),
+                   about={"model": shape, "dtype": str(server_args.dtype), "threads": threads,
+                          "device": device})
+
     def seed(self, cost_model) -> int:
-        table = load(self.key)
-        cost_model.seed(table)
-        self.seeded = sum(1 for (_, w) in table if w == 0 or w in cost_model.widths)
+        self.seeded = cost_model.seed(load(self.key))
         if self.seeded:
             logger.info("rhyme: cost model starts from %d saved step costs (%s)", self.seeded,
                         cache_path())

@@ -35,6 +35,7 @@ from rhyme_sglang.sglang_ext import step_kinds, timeline
 from rhyme_sglang.sglang_ext.commands import ControlCommands
 from rhyme_sglang.sglang_ext.config import RhymeConfig
 from rhyme_sglang.sglang_ext.stats import SpecStats
+from rhyme_sglang.sglang_ext.step_costs import StepCostCache
 from rhyme_sglang.sglang_ext.tree_layout import draft_to_tree
 from rhyme_sglang.sglang_ext.validation import check_rhyme_params
 
@@ -62,22 +63,6 @@ def _custom(req, key):
     return value
 
 
-def _step_cost_cache(server_args, target_worker):
-    """This engine's entry in the saved step costs: machine, model shape, dtype, threads."""
-    import torch
-
-    from rhyme_sglang.sglang_ext.step_costs import StepCostCache, model_shape, table_key
-
-    shape = model_shape(target_worker.model_runner.model_config.hf_config)
-    device = str(getattr(server_args, "device", None) or "cpu")
-    if device.startswith("cuda") and torch.cuda.is_available():
-        device = torch.cuda.get_device_name()
-    threads = torch.get_num_threads()
-    key = table_key(shape, server_args.dtype, threads, device)
-    return StepCostCache(key, about={"model": shape, "dtype": str(server_args.dtype),
-                                     "threads": threads, "device": device})
-
-
 class RhymeWorker(ControlCommands, NGRAMWorker):
     def __init__(self, server_args, gpu_id, nccl_port, target_worker):
         super().__init__(server_args, gpu_id, nccl_port, target_worker)
@@ -91,7 +76,7 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         self.cost = SpecCostModel(widths=self.widths)
         self.step_costs = None  # saved step costs: a warm cost model across engine starts
         if self.config.cost_cache and self.config.adaptive and not self.config.cycle_widths:
-            self.step_costs = _step_cost_cache(server_args, target_worker)
+            self.step_costs = StepCostCache.for_engine(server_args, target_worker.model_runner)
             self.step_costs.seed(self.cost)
         kinds = (PLAIN,) + self.widths  # cycle_widths: every ordered pair (a, b) in turn
         self._cycle, self._cycle_step = [x for a in kinds for b in kinds for x in (a, b)], -1
