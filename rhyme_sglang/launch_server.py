@@ -125,10 +125,11 @@ def main(argv: list[str] | None = None) -> None:
 
         path = confine(rhyme_config.snapshot_path, snapshot_root)  # ValueError: refuse to start
         rhyme_config = dataclasses.replace(rhyme_config, snapshot_path=path)
-    control_addr = None
-    if _flag_value(argv, "--speculative-algorithm", "").upper() == "RHYME":
-        control_addr = new_control_addr()
-        dataclasses.replace(rhyme_config, control_addr=control_addr).to_env()
+    # every server gets a control channel: RHYME's scheduler serves all /rhyme/* commands on
+    # it, any other mode's scheduler only the time breakdown (timeline.maybe_serve)
+    rhyme = _flag_value(argv, "--speculative-algorithm", "").upper() == "RHYME"
+    control_addr = new_control_addr()
+    dataclasses.replace(rhyme_config, control_addr=control_addr).to_env()
 
     from sglang.srt.plugins import load_plugins
     from sglang.srt.server_args import prepare_server_args
@@ -143,7 +144,8 @@ def main(argv: list[str] | None = None) -> None:
     warning = exposure_warning(server_args.host, keyless)
     if warning:
         logger.warning(warning)
-    http_api.install(control_addr, snapshot_root=snapshot_root, keyless_admin=keyless)
+    http_api.install(control_addr, snapshot_root=snapshot_root, keyless_admin=keyless,
+                     rhyme=rhyme)
     from sglang.srt.entrypoints.http_server import launch_server
 
     try:

@@ -89,12 +89,35 @@ def _request(method, path, host, body=b""):
     return Request(scope, receive)
 
 
-def _routes(root, keyless):
+def _routes(root, keyless, rhyme=True):
     pytest.importorskip("starlette")
     from rhyme_sglang.sglang_ext.http_api import make_routes
 
     client = _Client()
-    return client, make_routes(client, str(root), keyless_admin=keyless)
+    return client, make_routes(client, str(root), keyless_admin=keyless, rhyme=rhyme)
+
+
+def test_a_server_without_rhyme_serves_only_the_breakdown(root):
+    client, routes = _routes(root, keyless=True, rhyme=False)
+    for (method, path, _), handler in routes.items():
+        resp = asyncio.run(handler(_request(method, path, "127.0.0.1", b"{}")))
+        assert resp.status_code == (200 if path == "/rhyme/breakdown" else 404), path
+    assert client.calls == [("breakdown", {}), ("breakdown", {})]
+    post = routes[("POST", "/rhyme/breakdown", True)]
+    resp = asyncio.run(post(_request("POST", "/rhyme/breakdown", "127.0.0.1", b'{"reset": true}')))
+    assert resp.status_code == 200 and client.calls[-1] == ("breakdown", {"reset": True})
+    resp = asyncio.run(post(_request("POST", "/rhyme/breakdown", "127.0.0.1", b'{"window": 1}')))
+    assert resp.status_code == 400 and len(client.calls) == 3
+    resp = asyncio.run(post(_request("POST", "/rhyme/breakdown", "10.1.2.3", b'{"reset": true}')))
+    assert resp.status_code == 403 and len(client.calls) == 3  # resetting is an admin call
+
+
+def test_breakdown_reset_must_be_a_boolean():
+    from rhyme_sglang.sglang_ext import timeline
+
+    assert "decode" in timeline.breakdown(reset=False)
+    with pytest.raises(ValueError, match="reset must be a boolean"):
+        timeline.breakdown(reset="yes")
 
 
 @pytest.mark.parametrize("host", ["10.1.2.3", "192.168.0.7", None])

@@ -31,10 +31,13 @@ def test_table_and_seed_round_trip():
     fresh = SpecCostModel(widths=(1, 2, 4, 8, 16))
     fresh.seed(model.table())
     assert fresh.table() == pytest.approx(model.table())
-    for bs in (1, 2, 3, 4, 8):
+    for bs in (1, 2, 4, 8):  # a cell is saved at its bucket's size (3 requests -> bucket 4)
         for w in fresh.candidates:
             assert fresh.step_time(bs, w) == model.step_time(bs, w)
     expected = {1: 0.3, 2: 0.6, 4: 0.9, 8: 1.0, 16: 1.0}
+    assert fresh.choose_width(4, expected) == PLAIN  # its own baseline first
+    fresh.observe_step(4, PLAIN, model.step_time(4, PLAIN))
+    model.observe_step(4, PLAIN, model.step_time(4, PLAIN))
     assert fresh.choose_width(4, expected) == model.choose_width(4, expected)
 
 
@@ -78,16 +81,19 @@ def test_cache_seeds_a_new_engine_and_saves_rate_limited(cost_file):
     first.flush(model)
     second, warm = step_costs.StepCostCache("k"), SpecCostModel()
     assert second.seed(warm) == 1 and warm.step_time(2, PLAIN) == pytest.approx(0.1)
-    # a warm model speculates at once where a cold one measures plain decode first
-    assert SpecCostModel().choose_width(2, {1: 1.5}) == PLAIN
+    # a warm model measures its own plain baseline first, as a cold one does (a seed is a
+    # prior), then keeps the seeded cells instead of exploring them anew
+    assert warm.choose_width(2, {1: 1.5}) == PLAIN
+    warm.observe_step(2, PLAIN, 0.1)
     warm.observe_step(2, 1, 0.11)
     assert warm.choose_width(2, {1: 1.5}) == 1
-    # a later engine's measurements replace the saved cell; cells it never ran are kept
+    # a later engine's measurements replace the saved cell (one step moves it at most x2);
+    # cells it never ran are kept
     warm.observe_step(2, PLAIN, 0.3)
     second.observed(warm)
     second.flush(warm)
     saved = step_costs.load("k")
-    assert saved[(2, PLAIN)] == pytest.approx(0.8 * 0.1 + 0.2 * 0.3) and (2, 1) in saved
+    assert saved[(2, PLAIN)] == pytest.approx(0.8 * 0.1 + 0.2 * 0.2) and (2, 1) in saved
     narrow = SpecCostModel(widths=(4,))
     assert step_costs.StepCostCache("k").seed(narrow) == 1  # width 1 is not among its widths
 

@@ -3,8 +3,11 @@
 For a decode step of ``bs`` requests the engine can run a plain decode (width 0: ``bs`` tokens
 in, ``bs`` out) or verify ``w`` draft tokens per request (``bs * (w + 1)`` tokens in,
 ``bs + accepted`` out). :class:`SpecCostModel` keeps the measured seconds of whole steps per
-(power-of-two batch bucket, width), as exponential moving averages normalised per request, and
-a calibration factor between the draft store's predicted acceptance (sums of draft path
+(power-of-two batch bucket, width), with the batch size they were measured at (both as
+exponential moving averages), reads a width's cost at any batch size piecewise linearly
+between its cells (a step costs a fixed part plus a part per token, so seconds per request
+fall with batch size: a cell measured at 17 requests overstates 32 requests' cost when scaled
+per request), and a calibration factor between the draft store's predicted acceptance (sums of draft path
 probabilities) and what verification accepted. :meth:`SpecCostModel.choose_width` returns the
 width with the most expected tokens per second::
 
@@ -12,8 +15,24 @@ width with the most expected tokens per second::
 
 A cell never measured is estimated from a curve of seconds vs tokens per forward fitted over
 every measured cell (linear interpolation; beyond the last point, proportional). Unmeasured
-cells are tried once when their estimate is within ``explore_within`` of the best known rate,
-and every ``reexplore_every`` decisions the runner-up is chosen, so the table follows drift.
+cells are tried once when their estimate is within ``explore_within`` of the best known rate.
+
+The table must not be poisoned by one bad step, because a cell that looks slow is never
+chosen again and so never corrected: on a 2-core CPU a batch-32 plain-decode cell read 1.54 s
+where vanilla's steps took 0.49 s, and RHYME then verified every step of that bucket at x0.63
+of vanilla's throughput. So:
+
+* a measurement moves a cell at most ``max_jump`` times its current value (a one-off stall,
+  a weight repack or a neighbour's burst, cannot multiply a cell by 10; a lasting change still
+  gets there in a few steps);
+* every ``reexplore_every`` decisions the stalest alternative of the bucket (the measured
+  cell this model observed longest ago, or never: seeded cells count as never) is chosen
+  instead of the best, so every cell is refreshed, the plain baseline included;
+* a bucket's plain step is measured by this model before any verify there, and a seeded
+  cell is a prior that its first measurement replaces (stop 14: seeds from an earlier run
+  read a batch-16 plain step at 0.56 s against vanilla's 0.38-0.39 s, and at alpha 0.2 the
+  engine's own measurements took many refreshes to pull it down).
+
 Standard library only.
 """
 
@@ -61,9 +80,15 @@ class SpecCostModel:
     reexplore_every: int = 64
     margin: float = 1.0  # verify only when its rate beats margin * the plain rate
     explore_within: float = 0.5  # try an unmeasured cell if its estimate >= this * best rate
-    calibration: float = 1.0  # actual accepted / predicted accepted (EMA)
-    _time: Dict[Tuple[int, int], float] = field(default_factory=dict)  # s per request-step
+    calibration: float = 1.0  # accepted / predicted drafts, over recent request verifies
+    calibration_decay: float = 0.02  # weight of one request's verify in those sums
+    max_jump: float = 2.0  # one measurement moves a cell by at most this factor
+    # (bucket, width) -> [seconds of a whole step, batch size], both EMAs of what was measured
+    _cell: Dict[Tuple[int, int], list] = field(default_factory=dict)
+    _seen: Dict[Tuple[int, int], int] = field(default_factory=dict)  # cell -> decision it was measured at
     _decisions: int = 0
+    _predicted: float = 0.0  # exponentially weighted sums behind ``calibration``
+    _accepted: float = 0.0
     _curve: Optional[list] = None  # (tokens per forward, seconds) of every cell; None = stale
 
     def __post_init__(self) -> None:
@@ -74,6 +99,10 @@ class SpecCostModel:
             raise ValueError(f"reexplore_every must be >= 1, got {self.reexplore_every}")
         if not 0.0 <= self.explore_within <= 1.0:
             raise ValueError(f"explore_within must be in [0, 1], got {self.explore_within}")
+        if not 0.0 < self.calibration_decay <= 1.0:
+            raise ValueError(f"calibration_decay must be in (0, 1], got {self.calibration_decay}")
+        if not self.max_jump > 1.0:
+            raise ValueError(f"max_jump must be > 1, got {self.max_jump}")
 
     @property
     def candidates(self) -> Tuple[int, ...]:
@@ -87,39 +116,85 @@ class SpecCostModel:
         if seconds < 0:
             raise ValueError(f"seconds must be >= 0, got {seconds}")
         key = (bucket_of(batch_size), width)
-        per_req = seconds / batch_size
-        old = self._time.get(key)
-        self._time[key] = per_req if old is None else (1 - self.alpha) * old + self.alpha * per_req
+        cell = self._cell.get(key)
+        if cell is None or key not in self._seen:  # a seeded prior gives way to the first measurement
+            self._cell[key] = [seconds, float(batch_size)]
+        else:
+            old = self._at(cell, batch_size, width)  # the cell's estimate at this batch size
+            seconds = min(max(seconds, old / self.max_jump), old * self.max_jump)
+            cell[0] = (1 - self.alpha) * cell[0] + self.alpha * seconds
+            cell[1] = (1 - self.alpha) * cell[1] + self.alpha * batch_size
+        self._seen[key] = self._decisions
         self._curve = None
 
     def observe_acceptance(self, predicted: float, accepted: int) -> None:
-        """Calibrate the store's acceptance estimate against a verified step."""
+        """Calibrate the store's acceptance estimate against one request's verify: the ratio of
+        exponentially weighted sums of accepted and predicted drafts (``calibration_decay``
+        per request). Not a moving average of per-request ratios: those are heavy-tailed
+        (most verifies of poor drafts accept 0, a few accept many), and at ``alpha`` per
+        request one batch-32 step would replace the whole estimate."""
         if predicted > 0:
-            ratio = min(max(accepted / predicted, 0.1), 10.0)
-            self.calibration = (1 - self.alpha) * self.calibration + self.alpha * ratio
+            d = self.calibration_decay
+            self._predicted = (1 - d) * self._predicted + d * predicted
+            self._accepted = (1 - d) * self._accepted + d * accepted
+            self.calibration = min(max(self._accepted / self._predicted, 0.02), 10.0)
 
     def seed(self, table: Mapping[Tuple[int, int], float]) -> int:
         """Prior step costs ``{(batch_size, width): seconds per whole step}``, as if measured
         (a cost table of another run or machine); later measurements move them. Returns how
-        many cells it took (widths this model does not use are skipped)."""
+        many cells it took (widths this model does not use are skipped). Seeded cells count as
+        never observed by this model: the stalest, refreshed first, replaced by their first
+        measurement."""
         taken = 0
         for (batch_size, width), seconds in table.items():
             if width == PLAIN or width in self.widths:
-                self._time[(bucket_of(batch_size), width)] = seconds / batch_size
+                key = (bucket_of(batch_size), width)
+                self._cell[key] = [float(seconds), float(batch_size)]
+                self._seen.pop(key, None)
                 taken += 1
         self._curve = None
         return taken
 
     def table(self) -> Dict[Tuple[int, int], float]:
-        """The measured cells as ``{(batch bucket, width): seconds per whole step}``, the form
-        :meth:`seed` takes (a round trip gives the same model)."""
-        return {(b, w): per_req * b for (b, w), per_req in self._time.items()}
+        """Each measured cell's step seconds at its bucket's batch size, ``{(bucket, width):
+        seconds}``: the form :meth:`seed` takes (a round trip gives the same model at every
+        bucket size)."""
+        return {(b, w): self.step_time(b, w) for (b, w) in self._cell}
 
     # ------------------------------------------------------------------ estimates
+    def _points(self, width: int) -> list:
+        """This width's measured (batch size, seconds) points, by batch size."""
+        return sorted((bs, sec) for (b, w), (sec, bs) in self._cell.items() if w == width)
+
+    def _at(self, cell, batch_size: int, width: int) -> float:
+        """Seconds of a ``width`` step at ``batch_size``, from the cells of that width:
+        piecewise linear in batch size between their measured points (a cell measured while a
+        batch was filling up, at 17 requests, is not taken for 32 requests' cost), extended
+        past the ends along the nearest segment (never below proportional to zero); one point
+        alone scales proportionally. ``cell`` is the one the batch size falls in."""
+        points = self._points(width)
+        if len(points) < 2:
+            sec, bs = cell
+            return sec * batch_size / bs
+        if batch_size <= points[0][0]:
+            (x0, y0), (x1, y1) = points[0], points[1]
+        elif batch_size >= points[-1][0]:
+            (x0, y0), (x1, y1) = points[-2], points[-1]
+        else:
+            for (x0, y0), (x1, y1) in zip(points, points[1:]):
+                if batch_size <= x1:
+                    break
+        if x1 - x0 < 1e-9:
+            return y1 * batch_size / x1
+        y = y0 + (y1 - y0) * (batch_size - x0) / (x1 - x0)
+        nearest_x, nearest_y = (x0, y0) if abs(batch_size - x0) < abs(batch_size - x1) else (x1, y1)
+        return max(y, nearest_y * min(batch_size / nearest_x, 1.0), 1e-9)
+
     def step_time(self, batch_size: int, width: int) -> Optional[float]:
-        """Measured seconds of a whole step (None when that cell was never measured)."""
-        per_req = self._time.get((bucket_of(batch_size), width))
-        return None if per_req is None else per_req * batch_size
+        """Estimated seconds of a whole step from this width's measurements (None when the
+        batch size's bucket was never measured at that width)."""
+        cell = self._cell.get((bucket_of(batch_size), width))
+        return None if cell is None else self._at(cell, batch_size, width)
 
     def estimate(self, batch_size: int, width: int) -> Optional[float]:
         """Measured seconds of a step, else the tokens-per-forward curve's estimate."""
@@ -127,7 +202,7 @@ class SpecCostModel:
         if measured is not None:
             return measured
         if self._curve is None:  # rebuilt after a measurement, not per estimate
-            self._curve = sorted({b * (w + 1): s * b for (b, w), s in self._time.items()}.items())
+            self._curve = sorted({bs * (w + 1): sec for (_, w), (sec, bs) in self._cell.items()}.items())
         points = self._curve
         if not points:
             return None
@@ -159,8 +234,9 @@ class SpecCostModel:
         useful = [w for w in self.widths if expected.get(w, 0.0) > 0.0]
         if not useful:
             return PLAIN
-        if self.step_time(batch_size, PLAIN) is None:
-            return PLAIN  # measure the baseline first
+        bucket = bucket_of(batch_size)
+        if (bucket, PLAIN) not in self._seen:
+            return PLAIN  # measure the baseline first (a seeded one too)
         rates = self.rates(batch_size, expected)
         plain_rate = rates[PLAIN]
         known = {w: rates[w] for w in useful if self.step_time(batch_size, w) is not None}
@@ -171,18 +247,27 @@ class SpecCostModel:
         scored = sorted(((r, w) for w, r in known.items() if r > self.margin * plain_rate),
                         reverse=True)
         ranking = [w for _, w in scored] + [PLAIN]
-        if self._decisions % self.reexplore_every == 0 and len(known) + 1 > 1:
+        if self._decisions % self.reexplore_every == 0 and known:
+            # refresh the stalest other cell (never observed here = stalest; ties: the plain
+            # baseline, then the best rate)
             alternatives = [w for w in (PLAIN,) + tuple(known) if w != ranking[0]]
-            return max(alternatives, key=lambda w: rates[w] or 0.0)
+            return min(alternatives, key=lambda w: (self._seen.get((bucket, w), -1),
+                                                    w != PLAIN, -(rates[w] or 0.0)))
         return ranking[0]
 
     def as_dict(self) -> dict:
-        buckets = sorted({b for b, _ in self._time})
+        buckets = sorted({b for b, _ in self._cell})
         return {
             "calibration": self.calibration,
             "widths": list(self.widths),
-            "seconds_per_request_step": {
-                str(b): {str(w): self._time[(b, w)] for w in self.candidates if (b, w) in self._time}
+            "seconds_per_request_step": {  # at each bucket's batch size
+                str(b): {str(w): self.step_time(b, w) / b for w in self.candidates
+                         if (b, w) in self._cell}
+                for b in buckets
+            },
+            "measured_at_batch_size": {
+                str(b): {str(w): self._cell[(b, w)][1] for w in self.candidates
+                         if (b, w) in self._cell}
                 for b in buckets
             },
         }

@@ -56,10 +56,12 @@ def is_loopback(host) -> bool:
         return host == "localhost"
 
 
-def make_routes(client, snapshot_root: str, keyless_admin: bool):
-    """Handlers bound to one engine's control client (``None`` when RHYME is off).
+def make_routes(client, snapshot_root: str, keyless_admin: bool, rhyme: bool = True):
+    """Handlers bound to one engine's control client (``None``: no control channel).
 
-    ``keyless_admin``: no admin/API key is set, so admin routes answer loopback clients only."""
+    ``rhyme``: the engine runs RHYME; otherwise its scheduler serves only the time breakdown,
+    and every other ``/rhyme/*`` route answers 404. ``keyless_admin``: no admin/API key is
+    set, so admin routes answer loopback clients only."""
     from rhyme_sglang.sglang_ext.control import ControlError
     from rhyme_sglang.sglang_ext.snapshot_paths import confine
 
@@ -67,11 +69,11 @@ def make_routes(client, snapshot_root: str, keyless_admin: bool):
         return dict(body, path=confine(body.get("path"), snapshot_root, must_exist=must_exist))
 
     async def call(request: Request, cmd: str, fields: tuple = (), optional: tuple = (),
-                   admin: bool = False, prepare=None):
+                   admin: bool = False, prepare=None, any_mode: bool = False):
         if admin and keyless_admin and not is_loopback(getattr(request.client, "host", None)):
             return _error(403, "admin routes answer loopback clients only when no "
                                "--admin-api-key is set")
-        if client is None:
+        if client is None or not (rhyme or any_mode):
             return _error(404, "RHYME is not enabled on this server (--speculative-algorithm RHYME)")
         try:
             body = await _json_body(request)
@@ -99,6 +101,9 @@ def make_routes(client, snapshot_root: str, keyless_admin: bool):
         ("POST", "/rhyme/rewards", True): admin("set_rewards", ("rewards",)),
         ("POST", "/rhyme/advance_epoch", True): admin("advance_epoch"),
         ("GET", "/rhyme/stats", False): lambda r: call(r, "stats"),
+        # every mode: where the scheduler's time went; POST {"reset": true} starts a new window
+        ("GET", "/rhyme/breakdown", False): lambda r: call(r, "breakdown", any_mode=True),
+        ("POST", "/rhyme/breakdown", True): admin("breakdown", optional=("reset",), any_mode=True),
         ("POST", "/rhyme/save", True): admin("save", ("path",), prepare=lambda b: snapshot(b, False)),
         ("POST", "/rhyme/load", True): admin("load", ("path",), prepare=lambda b: snapshot(b, True)),
         ("POST", "/rhyme/reset", True): admin("reset"),
@@ -123,7 +128,7 @@ def _query_body(request: Request, fields: tuple) -> dict:
 
 
 def install(control_addr: Optional[str] = None, snapshot_root: Optional[str] = None,
-            keyless_admin: bool = False) -> None:
+            keyless_admin: bool = False, rhyme: bool = True) -> None:
     """Add validation middleware and ``/rhyme/*`` routes to sglang's app (once)."""
     global _INSTALLED
     if _INSTALLED:
@@ -142,7 +147,7 @@ def install(control_addr: Optional[str] = None, snapshot_root: Optional[str] = N
     http_server.app.add_middleware(RequestValidationMiddleware)
     client = ControlClient(control_addr) if control_addr else None
     root = snapshot_root or RhymeConfig().snapshot_root()
-    for (method, path, admin), handler in make_routes(client, root, keyless_admin).items():
+    for (method, path, admin), handler in make_routes(client, root, keyless_admin, rhyme).items():
         endpoint = _named(handler, path, method)
         if admin:
             endpoint = auth_level(AuthLevel.ADMIN_OPTIONAL)(endpoint)

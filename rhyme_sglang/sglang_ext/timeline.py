@@ -92,6 +92,8 @@ def result_hook(original, *args, **kwargs):
 
 def breakdown(reset: bool = False) -> dict:
     """The breakdown since the last reset; ``reset`` starts a new window after reading."""
+    if not isinstance(reset, bool):
+        raise ValueError(f"reset must be a boolean, got {reset!r}")
     out = BREAKDOWN.as_dict()
     if reset:
         BREAKDOWN.reset()

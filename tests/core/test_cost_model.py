@@ -55,12 +55,68 @@ def test_calibration_scales_the_store_estimate():
     assert m.choose_width(1, {4: 0.5}) == 4  # 3 / 0.02 = 150 > 100
 
 
-def test_reexplores_the_runner_up_periodically():
+def test_calibration_is_a_ratio_of_sums_not_of_heavy_tailed_ratios():
+    m = SpecCostModel(calibration_decay=0.01)
+    for i in range(400):  # 4 in 5 verifies accept nothing, 1 in 5 accepts 2 of 0.5 predicted
+        m.observe_acceptance(predicted=0.5, accepted=2 if i % 5 == 4 else 0)
+    assert m.calibration == pytest.approx(0.8, rel=0.1)  # 0.4 accepted / 0.5 predicted
+    m.observe_acceptance(predicted=0.5, accepted=16)  # one lucky request barely moves it
+    assert m.calibration < 1.2
+    with pytest.raises(ValueError, match="calibration_decay"):
+        SpecCostModel(calibration_decay=0.0)
+
+
+def test_reexplores_periodically():
     m = SpecCostModel(widths=(4,), reexplore_every=5)
     m.observe_step(1, 4, 1.0)
     m.observe_step(1, PLAIN, 0.01)
     choices = [m.choose_width(1, {4: 0.5}) for _ in range(10)]
     assert choices.count(4) == 2 and choices.count(PLAIN) == 8
+
+
+def test_reexploring_refreshes_the_stalest_cell_plain_included():
+    """A plain cell poisoned by one slow step is refreshed though it is not the runner-up."""
+    m = SpecCostModel(widths=(1, 2), reexplore_every=4, alpha=1.0, max_jump=100.0)
+    m.observe_step(32, PLAIN, 0.5)
+    m.observe_step(32, 1, 0.6)
+    m.observe_step(32, 2, 0.7)
+    m.observe_step(32, PLAIN, 5.0)  # one stalled step: plain now looks 10x dearer
+    expected = {1: 2.0, 2: 3.0}
+    chosen = []
+    for _ in range(12):
+        w = m.choose_width(32, expected)
+        chosen.append(w)
+        m.observe_step(32, w, {PLAIN: 0.5, 1: 0.6, 2: 0.7}[w])  # the machine's true costs
+    assert PLAIN in chosen[:4]  # refreshed at the first re-explore turn
+    assert chosen[-4:].count(PLAIN) >= 3  # then plain wins: 32 / 0.5 > 34 / 0.7 > 34 / 0.6
+
+
+def test_one_stalled_step_moves_a_cell_at_most_max_jump():
+    m = SpecCostModel(widths=(1,), alpha=1.0, max_jump=2.0)
+    m.observe_step(8, PLAIN, 0.4)
+    m.observe_step(8, PLAIN, 40.0)
+    assert m.step_time(8, PLAIN) == pytest.approx(0.8)
+    m.observe_step(8, PLAIN, 0.001)
+    assert m.step_time(8, PLAIN) == pytest.approx(0.4)
+    for _ in range(4):  # a lasting change still arrives within a few steps
+        m.observe_step(8, PLAIN, 4.0)
+    assert m.step_time(8, PLAIN) == pytest.approx(4.0)
+    with pytest.raises(ValueError, match="max_jump"):
+        SpecCostModel(max_jump=1.0)
+
+
+def test_a_seeded_plain_cell_is_measured_before_any_verify():
+    m = SpecCostModel(widths=(4,), reexplore_every=1000)
+    m.seed({(4, PLAIN): 0.2, (4, 4): 0.21})
+    assert m.choose_width(4, {4: 8.0}) == PLAIN  # the seed is a prior, not the baseline
+    m.observe_step(4, PLAIN, 0.2)
+    assert m.choose_width(4, {4: 8.0}) == 4
+    poisoned = SpecCostModel(widths=(4,))
+    poisoned.seed({(32, PLAIN): 1.5})
+    poisoned.observe_step(32, PLAIN, 0.5)  # the first measurement replaces a seeded cell
+    assert poisoned.step_time(32, PLAIN) == pytest.approx(0.5)
+    poisoned.observe_step(32, PLAIN, 1.5)  # later ones move it by EMA, at most x2 a step
+    assert poisoned.step_time(32, PLAIN) == pytest.approx(0.8 * 0.5 + 0.2 * 1.0)
 
 
 def test_estimate_interpolates_over_tokens_per_forward_and_seed():
@@ -130,3 +186,21 @@ def test_truncation_is_the_top_w_closed_subtree(draft, width):
     best = sorted(draft.probs, reverse=True)[:width]
     assert sum(t.probs) == pytest.approx(sum(best))  # monotone probs: the w most probable
     assert expected_accepts(draft, [width])[width] == pytest.approx(sum(t.probs))
+
+
+def test_cost_at_a_batch_size_follows_the_measured_points_not_per_request_scaling():
+    """A step costs a fixed part plus a part per request: the plain cell of bucket 32 measured
+    while the batch was filling (17 requests) must not be scaled per request to 32."""
+    true_plain = lambda bs: 0.155 + 0.0114 * bs  # noqa: E731 (SmolLM2 fp32, this CPU)
+    m = SpecCostModel(widths=(1,), reexplore_every=1000, alpha=1.0)
+    for bs in (1, 8, 17):
+        m.observe_step(bs, PLAIN, true_plain(bs))
+    m.observe_step(32, 1, 0.55)
+    assert m.step_time(32, PLAIN) == pytest.approx(true_plain(32))
+    assert m.step_time(20, PLAIN) == pytest.approx(true_plain(20))
+    assert m.step_time(32, PLAIN) < true_plain(17) * 32 / 17 * 0.85
+    # one request's worth of expected drafts does not pay for the wider step at full batch
+    assert m.choose_width(32, {1: 0.5}) == PLAIN
+    assert m.choose_width(32, {1: 8.0}) == 1
+    d = m.as_dict()
+    assert d["measured_at_batch_size"]["32"] == {"0": 17.0, "1": 32.0}

@@ -56,7 +56,14 @@ def references(tiny_model_path, tmp_path_factory, engines):
                         str(tmp_path_factory.mktemp("vanilla") / "server.log"))
     try:
         srv.wait_ready()
-        return {pid: _generate(srv.url, pid, 0)["output_ids"] for pid in PROMPTS}
+        refs = {pid: _generate(srv.url, pid, 0)["output_ids"] for pid in PROMPTS}
+        # a vanilla server serves the time breakdown (and only that) under /rhyme/
+        status, breakdown = get(srv.url + "/rhyme/breakdown")
+        assert status == 200 and breakdown["decode"]["plain"]["steps"] >= MAX_NEW - 1, breakdown
+        assert post(srv.url + "/rhyme/breakdown", {"reset": True})[0] == 200
+        assert get(srv.url + "/rhyme/breakdown")[1]["decode"] == {}
+        assert get(srv.url + "/rhyme/stats")[0] == 404
+        return refs
     finally:
         srv.stop()
 
