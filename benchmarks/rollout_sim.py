@@ -344,28 +344,27 @@ class TraceStepper(Stepper):
     def _width(self, batch: int, drafts: List[Draft]):
         kind = self.mode.width
         if kind == "plain" or not any(drafts):
-            return 0, drafts, 0.0
+            return 0, drafts, []
         if kind == "full":
-            return self.cfg.k, drafts, 0.0
+            return self.cfg.k, drafts, []
         if kind == "ragged":  # each request verifies its own draft: mean draft length per request
-            return sum(len(d) for d in drafts) / batch, drafts, 0.0
-        expected: Dict[int, float] = {w: 0.0 for w in self.cm.widths}
-        for d in drafts:
-            for w, x in expected_accepts(d, self.cm.widths).items():
-                expected[w] += x
-        w = self.cm.choose_width(batch, expected)
-        return w, ([truncate(d, w) for d in drafts] if w else drafts), expected.get(w, 0.0)
+            return sum(len(d) for d in drafts) / batch, drafts, []
+        per_request = [expected_accepts(d, self.cm.widths) for d in drafts]
+        w = self.cm.choose_width(batch, self.cm.batch_expected(per_request), calibrated=True)
+        return w, ([truncate(d, w) for d in drafts] if w else drafts), [e.get(w, 0.0) for e in per_request]
 
     def step(self, engine, running):
         cfg, b = self.cfg, len(running)
         drafts = self._drafts(running) if self.source is not None else [Draft()] * b
         width, drafts, predicted = self._width(b, drafts)
         emitted, accepted = [], 0
-        for r, d in zip(running, drafts):
+        for i, (r, d) in enumerate(zip(running, drafts)):
             ref = r.payload.response_token_ids
             a = accepted_length(d, ref[r.done:]) if width else 0
             if width:
                 self.source.feedback(r.payload, len(d), a)
+                if self.cm is not None and predicted:  # per request, as the engine calibrates
+                    self.cm.observe_acceptance(predicted[i], a)
             n = min(a + 1, r.length - r.done)
             if self.source is not None:
                 self.source.advance(r.payload, ref[r.done:r.done + n])
@@ -375,8 +374,6 @@ class TraceStepper(Stepper):
         seconds = self.table.seconds(b, width, context)
         if self.cm is not None:
             self.cm.observe_step(b, width, seconds)
-            if width:
-                self.cm.observe_acceptance(predicted, accepted)
         self.tokens += sum(emitted)
         self.accepted += accepted
         self.request_steps += b

@@ -38,10 +38,24 @@ Standard library only.
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 PLAIN = 0  # the width of a plain decode step
+# levels of one request's predicted accepted drafts, each calibrated on its own
+CALIBRATION_EDGES = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
+
+
+def _level_name(k: int) -> str:
+    lo = CALIBRATION_EDGES[k - 1] if k > 0 else 0.0
+    return f"{lo:g}+" if k == len(CALIBRATION_EDGES) else f"{lo:g}-{CALIBRATION_EDGES[k]:g}"
+
+
+def _level_mid(k: int) -> float:
+    lo = CALIBRATION_EDGES[k - 1] if k > 0 else 0.0
+    hi = CALIBRATION_EDGES[k] if k < len(CALIBRATION_EDGES) else 2 * lo
+    return (lo + hi) / 2
 
 
 def bucket_of(batch_size: int) -> int:
@@ -82,6 +96,7 @@ class SpecCostModel:
     explore_within: float = 0.5  # try an unmeasured cell if its estimate >= this * best rate
     calibration: float = 1.0  # accepted / predicted drafts, over recent request verifies
     calibration_decay: float = 0.02  # weight of one request's verify in those sums
+    calibration_prior: float = 1.0  # predicted tokens' worth of the overall calibration per level
     max_jump: float = 2.0  # one measurement moves a cell by at most this factor
     # (bucket, width) -> [seconds of a whole step, batch size], both EMAs of what was measured
     _cell: Dict[Tuple[int, int], list] = field(default_factory=dict)
@@ -89,6 +104,8 @@ class SpecCostModel:
     _decisions: int = 0
     _predicted: float = 0.0  # exponentially weighted sums behind ``calibration``
     _accepted: float = 0.0
+    # the same sums per level of one request's prediction (CALIBRATION_EDGES): [predicted, accepted]
+    _levels: Dict[int, list] = field(default_factory=dict)
     _curve: Optional[list] = None  # (tokens per forward, seconds) of every cell; None = stale
 
     def __post_init__(self) -> None:
@@ -138,6 +155,36 @@ class SpecCostModel:
             self._predicted = (1 - d) * self._predicted + d * predicted
             self._accepted = (1 - d) * self._accepted + d * accepted
             self.calibration = min(max(self._accepted / self._predicted, 0.02), 10.0)
+            level = self._levels.setdefault(bisect.bisect_right(CALIBRATION_EDGES, predicted),
+                                            [0.0, 0.0])
+            level[0] = (1 - d) * level[0] + predicted
+            level[1] = (1 - d) * level[1] + accepted
+
+    def calibrated(self, predicted: float) -> float:
+        """Expected accepted drafts of one request whose drafts the store predicts ``predicted``
+        accepted: scaled by the calibration of its prediction level, shrunk toward the overall
+        calibration while that level has few verifies (``calibration_prior`` predicted tokens'
+        worth). Per level because the requests a step verifies are those with the highest
+        predictions, and a store can be over-confident exactly there."""
+        if predicted <= 0:
+            return 0.0
+        level = self._levels.get(bisect.bisect_right(CALIBRATION_EDGES, predicted))
+        if level is None:
+            return self.calibration * predicted
+        m = self.calibration_prior
+        ratio = (level[1] + m * self.calibration) / (level[0] + m)
+        return min(max(ratio, 0.02), 10.0) * predicted
+
+    def batch_expected(self, per_request) -> Dict[int, float]:
+        """``{width: the batch's calibrated expected accepted drafts}`` from each request's
+        ``{width: predicted}`` (:func:`rhyme_sglang.core.draft.expected_accepts`); pass it to
+        :meth:`choose_width` with ``calibrated=True``."""
+        out = {w: 0.0 for w in self.widths}
+        for request in per_request:
+            for w, predicted in request.items():
+                if w in out:
+                    out[w] += self.calibrated(predicted)
+        return out
 
     def seed(self, table: Mapping[Tuple[int, int], float]) -> int:
         """Prior step costs ``{(batch_size, width): seconds per whole step}``, as if measured
@@ -216,20 +263,25 @@ class SpecCostModel:
         return s_last * tokens / t_last
 
     # ------------------------------------------------------------------ decision
-    def rates(self, batch_size: int, expected: Mapping[int, float]) -> Dict[int, Optional[float]]:
+    def rates(self, batch_size: int, expected: Mapping[int, float],
+              calibrated: bool = False) -> Dict[int, Optional[float]]:
         """Expected tokens per second of each candidate width (None: nothing to estimate from)."""
         out = {}
+        scale = 1.0 if calibrated else self.calibration
         for w in self.candidates:
             seconds = self.estimate(batch_size, w)
-            gain = 0.0 if w == PLAIN else self.calibration * float(expected.get(w, 0.0))
+            gain = 0.0 if w == PLAIN else scale * float(expected.get(w, 0.0))
             out[w] = None if not seconds else (batch_size + gain) / seconds
         return out
 
-    def choose_width(self, batch_size: int, expected: Mapping[int, float]) -> int:
+    def choose_width(self, batch_size: int, expected: Mapping[int, float],
+                     calibrated: bool = False) -> int:
         """The width for one decode step: 0 (plain) or a verify width.
 
         ``expected[w]``: the batch's summed expected accepted draft tokens when each request
-        verifies its ``w`` most probable draft nodes (missing widths count as 0)."""
+        verifies its ``w`` most probable draft nodes (missing widths count as 0): the store's
+        predictions (scaled here by the overall calibration), or already calibrated per
+        request (:meth:`batch_expected`) with ``calibrated=True``."""
         self._decisions += 1
         useful = [w for w in self.widths if expected.get(w, 0.0) > 0.0]
         if not useful:
@@ -237,7 +289,7 @@ class SpecCostModel:
         bucket = bucket_of(batch_size)
         if (bucket, PLAIN) not in self._seen:
             return PLAIN  # measure the baseline first (a seeded one too)
-        rates = self.rates(batch_size, expected)
+        rates = self.rates(batch_size, expected, calibrated)
         plain_rate = rates[PLAIN]
         known = {w: rates[w] for w in useful if self.step_time(batch_size, w) is not None}
         best_known = max([plain_rate] + list(known.values()))
@@ -259,6 +311,9 @@ class SpecCostModel:
         buckets = sorted({b for b, _ in self._cell})
         return {
             "calibration": self.calibration,
+            "calibration_by_prediction": {  # one request's predicted accepted drafts -> factor
+                _level_name(k): round(self.calibrated(_level_mid(k)) / _level_mid(k), 4)
+                for k in sorted(self._levels)},
             "widths": list(self.widths),
             "seconds_per_request_step": {  # at each bucket's batch size
                 str(b): {str(w): self.step_time(b, w) / b for w in self.candidates

@@ -130,11 +130,8 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         if self.config.cycle_widths:
             self._cycle_step += 1
             return self._cycle[self._cycle_step % len(self._cycle)]
-        expected = {w: 0.0 for w in self.widths}
-        for draft in drafts:
-            for w, e in expected_accepts(draft, self.widths).items():
-                expected[w] += e
-        return self.cost.choose_width(len(batch.reqs), expected)
+        expected = self.cost.batch_expected(expected_accepts(d, self.widths) for d in drafts)
+        return self.cost.choose_width(len(batch.reqs), expected, calibrated=True)
 
     # ------------------------------------------------------------ draft source
     def _prepare_draft_tokens(self, batch):

@@ -204,3 +204,27 @@ def test_cost_at_a_batch_size_follows_the_measured_points_not_per_request_scalin
     assert m.choose_width(32, {1: 8.0}) == 1
     d = m.as_dict()
     assert d["measured_at_batch_size"]["32"] == {"0": 17.0, "1": 32.0}
+
+
+def test_calibration_per_prediction_level():
+    """A store over-confident where it is most confident (requests predicted to accept 3 drafts
+    accept 0.3) and under-confident below (predicted 0.3, accept 0.9). The overall factor is
+    dominated by the many low predictions and keeps verifying the confident requests; the
+    per-level factors do not."""
+    m = SpecCostModel(widths=(4,), reexplore_every=1000, alpha=1.0, calibration_decay=0.005)
+    for i in range(300):
+        m.observe_acceptance(3.0, 1 if i % 10 < 3 else 0)
+        for j in range(10):
+            m.observe_acceptance(0.3, 1 if j < 9 else 0)
+    assert m.calibrated(3.0) == pytest.approx(0.3, rel=0.2)
+    assert m.calibrated(0.3) == pytest.approx(0.9, rel=0.2)
+    assert m.calibrated(0.0) == 0.0
+    assert m.calibrated(20.0) == pytest.approx(m.calibration * 20.0)  # an unseen level
+    m.observe_step(8, PLAIN, 0.27)
+    m.observe_step(8, 4, 0.40)  # pays only above 8 * (0.40 / 0.27 - 1) = 3.85 accepted
+    confident = [{4: 3.0}] * 8
+    assert m.batch_expected(confident)[4] == pytest.approx(8 * 0.3, rel=0.2)
+    assert m.choose_width(8, m.batch_expected(confident), calibrated=True) == PLAIN
+    assert m.calibration > 1.2  # the overall factor ...
+    assert m.choose_width(8, {4: 8 * 3.0}) == 4  # ... would verify them
+    assert set(m.as_dict()["calibration_by_prediction"]) == {"0.25-0.5", "2-4"}
