@@ -107,6 +107,7 @@ class SpecCostModel:
     # the same sums per level of one request's prediction (CALIBRATION_EDGES): [predicted, accepted]
     _levels: Dict[int, list] = field(default_factory=dict)
     _curve: Optional[list] = None  # (tokens per forward, seconds) of every cell; None = stale
+    _by_width: Dict[int, list] = field(default_factory=dict)  # width -> sorted points; {} = stale
 
     def __post_init__(self) -> None:
         self.widths = check_widths(self.widths)
@@ -142,7 +143,7 @@ class SpecCostModel:
             cell[0] = (1 - self.alpha) * cell[0] + self.alpha * seconds
             cell[1] = (1 - self.alpha) * cell[1] + self.alpha * batch_size
         self._seen[key] = self._decisions
-        self._curve = None
+        self._stale()
 
     def observe_acceptance(self, predicted: float, accepted: int) -> None:
         """Calibrate the store's acceptance estimate against one request's verify: the ratio of
@@ -199,7 +200,7 @@ class SpecCostModel:
                 self._cell[key] = [float(seconds), float(batch_size)]
                 self._seen.pop(key, None)
                 taken += 1
-        self._curve = None
+        self._stale()
         return taken
 
     def table(self) -> Dict[Tuple[int, int], float]:
@@ -209,9 +210,19 @@ class SpecCostModel:
         return {(b, w): self.step_time(b, w) for (b, w) in self._cell}
 
     # ------------------------------------------------------------------ estimates
+    def _stale(self) -> None:
+        """Forget the curves derived from the cells (after a cell changed)."""
+        self._curve = None
+        self._by_width.clear()
+
     def _points(self, width: int) -> list:
-        """This width's measured (batch size, seconds) points, by batch size."""
-        return sorted((bs, sec) for (b, w), (sec, bs) in self._cell.items() if w == width)
+        """This width's measured (batch size, seconds) points, by batch size (rebuilt after a
+        cell changes, not on every estimate of a decode step)."""
+        points = self._by_width.get(width)
+        if points is None:
+            points = self._by_width[width] = sorted(
+                (bs, sec) for (_, w), (sec, bs) in self._cell.items() if w == width)
+        return points
 
     def _at(self, cell, batch_size: int, width: int) -> float:
         """Seconds of a ``width`` step at ``batch_size``, from the cells of that width:
