@@ -1,7 +1,8 @@
 """``RolloutActor``: a Ray actor owning one rhyme-sglang engine, with the RL framework method set.
 
 Methods follow the names OpenRLHF/verl/slime rollout workers already call: ``generate``,
-``init_process_group``, ``update_weight``, ``update_weights_from_tensor``,
+``init_process_group``, ``update_weight``, ``update_weights_from_tensor`` (and
+``update_weights_from_bucket`` for the tensor sync),
 ``update_weights_from_disk``, ``reset_prefix_cache``, ``sleep``/``wake_up``,
 ``pause_generation``/``resume_generation``, ``get_num_unfinished_requests``; plus the driver's
 per-request ``generate_one`` (streamed, so ``progress`` can report tokens in flight, and
@@ -172,6 +173,13 @@ class RolloutActor:
         if not ok:
             raise RuntimeError(f"{self.name}: update_weights_from_tensor failed: {message}")
         return ok
+
+    async def update_weights_from_bucket(self, bucket, flush_cache: bool = False):
+        """Load a :func:`rl_driver.weight_sync.to_bucket` bucket (read from Ray's object
+        store without a copy; call inside begin/end_weight_update)."""
+        from rl_driver.weight_sync import from_bucket
+
+        return await self.update_weights_from_tensor(from_bucket(bucket), flush_cache)
 
     async def update_weights_from_disk(self, path: str, weight_version: Optional[int] = None):
         ok, message = _ok(await self._blocking(self.engine.update_weights_from_disk, path))

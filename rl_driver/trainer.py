@@ -43,6 +43,28 @@ def _pad(seqs: Sequence[Sequence[int]], pad: int, left: bool) -> Tuple[torch.Ten
     return ids, mask
 
 
+def pack_rows(prompt_of: Sequence[int], lengths: Sequence[int], width: int) -> List[Tuple[int, List[Tuple[int, int]]]]:
+    """Responses packed into rows of ``width`` tokens, only responses of one prompt per row
+    (they share its KV): first fit, longest first, prompt by prompt. Returns ``[(prompt,
+    [(sample, first column), ...]), ...]``; every sample is in exactly one row."""
+    if any(n < 1 or n > width for n in lengths):
+        raise ValueError(f"response lengths must be in 1..{width}, got {list(lengths)}")
+    rows: List[Tuple[int, List[Tuple[int, int]]]] = []
+    free: List[int] = []
+    open_rows: Dict[int, List[int]] = {}
+    for i in sorted(range(len(lengths)), key=lambda i: (prompt_of[i], -lengths[i], i)):
+        k, n = prompt_of[i], lengths[i]
+        r = next((r for r in open_rows.get(k, []) if free[r] >= n), None)
+        if r is None:
+            r = len(rows)
+            rows.append((k, []))
+            free.append(width)
+            open_rows.setdefault(k, []).append(r)
+        rows[r][1].append((i, width - free[r]))
+        free[r] -= n
+    return rows
+
+
 class Trainer:
     """Policy model + optimizer. ``samples`` are dicts with ``prompt_ids``, ``response_ids``,
     ``logprobs`` (rollout, one per response token) and ``advantage``."""
@@ -103,27 +125,56 @@ class Trainer:
         return out
 
     def _shared_logprobs(self, model, batch: List[Dict[str, Any]]) -> torch.Tensor:
-        """The same logprobs as :meth:`_full_logprobs` with one forward per distinct prompt:
-        the prompts' KV (left-padded, kept in the autograd graph) is gathered per response row
-        and the responses (right-padded) run on top of it, so a group of G samples computes
-        its prompt once and its gradient sums the G responses' contributions."""
+        """The same logprobs as :meth:`_full_logprobs` with one forward per distinct prompt and
+        little padding: the prompts' KV (left-padded, kept in the autograd graph) is gathered
+        per row, and each row packs responses of one prompt side by side (:func:`pack_rows`),
+        each attending to its prompt and causally to itself only (a 4-D mask). A group of G
+        samples computes its prompt once and its gradient sums the G responses' parts."""
         index: Dict[Tuple[int, ...], int] = {}
-        rows = [index.setdefault(tuple(s["prompt_ids"]), len(index)) for s in batch]
+        prompt_of = [index.setdefault(tuple(s["prompt_ids"]), len(index)) for s in batch]
+        lengths = [len(s["response_ids"]) for s in batch]
+        width = max(lengths)
+        rows = pack_rows(prompt_of, lengths, width)
         p_ids, p_mask = _pad(list(index), self.pad_id, left=True)
-        r_ids, r_mask = _pad([s["response_ids"] for s in batch], self.pad_id, left=False)
-        row = torch.tensor(rows, dtype=torch.long)
-        start = p_mask.sum(-1)[row].unsqueeze(1)  # the first response position of each row
+        row_prompt = torch.tensor([k for k, _ in rows], dtype=torch.long)
+        r_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
+        seg = torch.full((len(rows), width), -1, dtype=torch.long)  # sample of each column
+        offset = torch.zeros((len(rows), width), dtype=torch.long)  # its token's index
+        where = [(0, 0)] * len(batch)  # (row, first column) of each sample
+        for r, (_, members) in enumerate(rows):
+            for i, col in members:
+                n = lengths[i]
+                r_ids[r, col:col + n] = torch.tensor(batch[i]["response_ids"], dtype=torch.long)
+                seg[r, col:col + n] = i
+                offset[r, col:col + n] = torch.arange(n)
+                where[i] = (r, col)
+        same = (seg.unsqueeze(2) == seg.unsqueeze(1)) & (seg.unsqueeze(2) >= 0)
+        causal = torch.ones(width, width, dtype=torch.bool).tril()
+        # padding columns attend to their row's prompt: no all-masked row (NaN gradients)
+        mask = torch.cat([p_mask.bool()[row_prompt].unsqueeze(1).expand(-1, width, -1),
+                          same & causal], dim=-1).unsqueeze(1)
+        start = p_mask.sum(-1)[row_prompt].unsqueeze(1)  # the first response position
         with self._autocast():
             prompt = model(input_ids=p_ids, attention_mask=p_mask, use_cache=True,
                            position_ids=(p_mask.cumsum(-1) - 1).clamp(min=0), logits_to_keep=1)
             cache = prompt.past_key_values
-            cache.reorder_cache(row)  # index_select: differentiable
+            cache.reorder_cache(row_prompt)  # index_select: differentiable
             logits = model(input_ids=r_ids, past_key_values=cache, use_cache=True,
-                           attention_mask=torch.cat([p_mask[row], r_mask], dim=-1),
-                           position_ids=start + torch.arange(r_ids.shape[1])).logits
-        # token j is predicted by the prompt's last position (j = 0) or response position j-1
-        pred = torch.cat([prompt.logits[row, -1:], logits[:, :-1]], dim=1)
-        return token_logprobs(pred, r_ids)
+                           attention_mask=mask, position_ids=start + offset).logits
+        # token 0 of a sample is predicted by its prompt's last position, token j by column j-1
+        first = token_logprobs(prompt.logits[prompt_of, -1:],
+                               torch.tensor([[s["response_ids"][0]] for s in batch]))
+        following = token_logprobs(logits[:, :-1], r_ids[:, 1:]).reshape(-1)
+        out = [first]
+        gather = torch.zeros(len(batch), width - 1, dtype=torch.long)
+        valid = torch.zeros(len(batch), width - 1, dtype=torch.bool)
+        for i, (r, col) in enumerate(where):
+            n = lengths[i] - 1
+            gather[i, :n] = r * (width - 1) + col + torch.arange(n)
+            valid[i, :n] = True
+        if width > 1:
+            out.append(torch.where(valid, following[gather], torch.zeros(())))
+        return torch.cat(out, dim=1)
 
     def _response_logprobs(self, model, batch: List[Dict[str, Any]]) -> torch.Tensor:
         if self.config.share_prompt_forward:
@@ -242,6 +293,15 @@ class Trainer:
         if current:
             buckets.append(current)
         return buckets
+
+    def put_weight_buckets(self, bucket_mb: float, dtype: Optional[str] = None) -> list:
+        """:meth:`weight_buckets` put in Ray's object store by this actor (as
+        :func:`rl_driver.weight_sync.to_bucket` arrays); returns their refs."""
+        import ray
+
+        from rl_driver.weight_sync import to_bucket
+
+        return [ray.put(to_bucket(b)) for b in self.weight_buckets(bucket_mb, dtype)]
 
     def weight_meta(self, dtype: Optional[str] = None) -> List[Tuple[str, str, List[int]]]:
         return [(n, (dtype or str(p.dtype).replace("torch.", "")), list(p.shape))

@@ -4,8 +4,9 @@ Every route runs inside the engines' ``begin_weight_update``/``end_weight_update
 stamps the engines with the trainer's weight version and flushes their prefix caches.
 
 - ``tensor``: the trainer's parameters (cast to the engine dtype) are cut into buckets of
-  ``bucket_mb``; each bucket is put in Ray's object store once and loaded by every engine
-  with ``update_weights_from_tensor``.
+  ``bucket_mb``; the trainer puts each bucket in Ray's object store once, as numpy arrays
+  (:func:`to_bucket`), so every engine reads it without a copy, and the engines load it with
+  ``update_weights_from_tensor`` (:func:`from_bucket`). The driver handles only the refs.
 - ``distributed``: trainer rank 0 and engines ranks 1..N join a ``gloo`` (CPU) or ``nccl``
   (GPU) group once (``init_weights_update_group``); each sync broadcasts every parameter and
   the engines load them with ``update_weights_from_distributed``.
@@ -19,7 +20,7 @@ import os
 import socket
 import time
 from datetime import timedelta
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +51,36 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def to_bucket(named_tensors) -> List[Tuple[str, Any, str]]:
+    """``[(name, array, dtype)]`` for Ray's object store: numpy arrays are stored and read
+    without a copy (a pickled torch tensor is copied on both sides). bf16, which numpy lacks,
+    travels as its int16 bits."""
+    import torch
+
+    out = []
+    for name, t in named_tensors:
+        t = t.detach().contiguous()
+        bits = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+        out.append((name, bits.numpy(), str(t.dtype).replace("torch.", "")))
+    return out
+
+
+def from_bucket(bucket) -> List[Tuple[str, Any]]:
+    """The ``[(name, tensor)]`` of a :func:`to_bucket` bucket, viewing the (read-only)
+    arrays in place: the engine copies them into its own memory when it loads them."""
+    import warnings
+
+    import torch
+
+    out = []
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*not writable.*")
+        for name, array, dtype in bucket:
+            t = torch.from_numpy(array)
+            out.append((name, t.view(torch.bfloat16) if dtype == "bfloat16" else t))
+    return out
 
 
 def default_backend() -> str:
@@ -102,10 +133,9 @@ class WeightSync:
     def _by_tensor(self, actors, version: int) -> None:
         import ray
 
-        buckets = ray.get(self.trainer.weight_buckets.remote(self.bucket_mb, self.engine_dtype))
-        for bucket in buckets:
-            ref = ray.put(bucket)
-            ray.get([a.update_weights_from_tensor.remote(ref) for a in actors])
+        refs = ray.get(self.trainer.put_weight_buckets.remote(self.bucket_mb, self.engine_dtype))
+        for ref in refs:  # one bucket at a time: an engine holds at most one extra bucket
+            ray.get([a.update_weights_from_bucket.remote(ref) for a in actors])
 
     def _by_disk(self, actors, version: int) -> None:
         import ray

@@ -50,7 +50,7 @@ def test_shared_prompt_forward_matches_a_forward_per_sample():
     from rhyme_sglang.models import resolve_model_path
     from rl_driver.config import TrainConfig
     from rl_driver.grpo import grpo_loss
-    from rl_driver.trainer import Trainer
+    from rl_driver.trainer import Trainer, pack_rows
 
     path = resolve_model_path("tiny")
     common = dict(lr=1e-3, micro_batch_size=5, num_minibatches=1, autocast_bf16=False,
@@ -61,6 +61,10 @@ def test_shared_prompt_forward_matches_a_forward_per_sample():
     old, mask, adv = full._targets(samples)
     a = full._full_logprobs(full.model, samples)
     b = shared._shared_logprobs(shared.model, samples)
+    prompts = {tuple(s["prompt_ids"]): k for k, s in enumerate(samples)}
+    lengths = [len(s["response_ids"]) for s in samples]
+    rows = pack_rows([prompts[tuple(s["prompt_ids"])] for s in samples], lengths, max(lengths))
+    assert len(rows) < len(samples)  # responses were packed side by side
     assert torch.allclose(a * mask, b * mask, atol=1e-5)
     grpo_loss(a, old, adv, mask, full.loss_config)[0].backward()
     grpo_loss(b, old, adv, mask, shared.loss_config)[0].backward()
@@ -73,3 +77,25 @@ def test_shared_prompt_forward_matches_a_forward_per_sample():
     sa, sb = full.train_step(samples), shared.train_step(samples)
     for key in ("loss", "kl", "ratio_mean", "grad_norm", "logprob_abs_diff"):
         assert sa[key] == pytest.approx(sb[key], rel=1e-4, abs=1e-7), key
+
+
+def test_pack_rows_places_every_response_once_with_its_own_prompt():
+    from rl_driver.trainer import pack_rows
+
+    rng = random.Random(5)
+    prompt_of = [rng.randrange(3) for _ in range(40)]
+    lengths = [rng.randint(1, 30) for _ in range(40)]
+    rows = pack_rows(prompt_of, lengths, 30)
+    placed = sorted(i for _, members in rows for i, _ in members)
+    assert placed == list(range(40))
+    for prompt, members in rows:
+        assert all(prompt_of[i] == prompt for i, _ in members)
+        spans = sorted((col, col + lengths[i]) for i, col in members)
+        assert spans[0][0] >= 0 and spans[-1][1] <= 30
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # no overlap
+    assert len(rows) < 40
+    assert len(pack_rows([0, 0, 1], [3, 3, 3], 3)) == 3  # full rows stay one per response
+    with pytest.raises(ValueError, match="response lengths"):
+        pack_rows([0], [0], 4)
+    with pytest.raises(ValueError, match="response lengths"):
+        pack_rows([0], [5], 4)
