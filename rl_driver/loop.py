@@ -193,8 +193,11 @@ def run(config: RunConfig, resume: bool = False,
                        for j, a in zip(done, advantages)]
             train_metrics = wait_train(trainer, trainer.train_step.remote(samples), progress)
 
-            # 6. sync weights (the engines' history epoch advances with the new weights)
+            # 6. sync weights (the engines' history epoch advances with the new weights);
+            # the trainer writes its checkpoint meanwhile (both only read its weights)
             state.weight_version = int(train_metrics["version"])
+            checkpoint = (trainer.save_checkpoint.remote(str(run_dir / "ckpt" / "trainer.pt"))
+                          if config.loop.checkpoint else None)
             if progress:
                 progress.sync(None)
             sync_s = sync.sync(state.weight_version)
@@ -203,8 +206,8 @@ def run(config: RunConfig, resume: bool = False,
 
             # 7. snapshot, checkpoint, metrics, trace
             pool.snapshot_all()
-            if config.loop.checkpoint:
-                ray.get(trainer.save_checkpoint.remote(str(run_dir / "ckpt" / "trainer.pt")))
+            if checkpoint is not None:
+                ray.get(checkpoint)  # written before the state that points past this epoch
             rhyme_stats = pool.call_all("rhyme_stats")
             state.affinity = {pid: e for e, eng in enumerate(assignment) for pid in eng}
             state.next_epoch = epoch + 1
