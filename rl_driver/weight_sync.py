@@ -61,7 +61,7 @@ def to_bucket(named_tensors) -> List[Tuple[str, Any, str]]:
 
     out = []
     for name, t in named_tensors:
-        t = t.detach().contiguous()
+        t = t.detach().cpu().contiguous()
         bits = t.view(torch.int16) if t.dtype == torch.bfloat16 else t
         out.append((name, bits.numpy(), str(t.dtype).replace("torch.", "")))
     return out
