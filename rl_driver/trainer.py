@@ -65,6 +65,31 @@ def pack_rows(prompt_of: Sequence[int], lengths: Sequence[int], width: int) -> L
     return rows
 
 
+def _packed_layout(responses: Sequence[Sequence[int]], prompt_of: Sequence[int], width: int,
+                   pad: int):
+    """The rows of :func:`pack_rows` as tensors: each row's prompt ``[R]``, token ids ``[R, W]``,
+    the self-attention mask among them ``[R, W, W]`` (same response, causal), each token's index
+    in its response ``[R, W]`` and, per response, the flat index into ``[R, W - 1]`` of the
+    column predicting each of its tokens after the first ``[B, W - 1]`` (-1 past its end)."""
+    lengths = [len(r) for r in responses]
+    rows = pack_rows(prompt_of, lengths, width)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    seg = torch.full((len(rows), width), -1, dtype=torch.long)  # the response of each column
+    offset = torch.zeros((len(rows), width), dtype=torch.long)
+    gather = torch.full((len(responses), max(width - 1, 0)), -1, dtype=torch.long)
+    for r, (_, members) in enumerate(rows):
+        for i, col in members:
+            n = lengths[i]
+            ids[r, col:col + n] = torch.tensor(list(responses[i]), dtype=torch.long)
+            seg[r, col:col + n] = i
+            offset[r, col:col + n] = torch.arange(n)
+            gather[i, :n - 1] = r * (width - 1) + col + torch.arange(n - 1)
+    same = (seg.unsqueeze(2) == seg.unsqueeze(1)) & (seg.unsqueeze(2) >= 0)
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    row_prompt = torch.tensor([k for k, _ in rows], dtype=torch.long)
+    return row_prompt, ids, same & causal, offset, gather
+
+
 class Trainer:
     """Policy model + optimizer. ``samples`` are dicts with ``prompt_ids``, ``response_ids``,
     ``logprobs`` (rollout, one per response token) and ``advantage``."""
@@ -132,27 +157,13 @@ class Trainer:
         samples computes its prompt once and its gradient sums the G responses' parts."""
         index: Dict[Tuple[int, ...], int] = {}
         prompt_of = [index.setdefault(tuple(s["prompt_ids"]), len(index)) for s in batch]
-        lengths = [len(s["response_ids"]) for s in batch]
-        width = max(lengths)
-        rows = pack_rows(prompt_of, lengths, width)
+        width = max(len(s["response_ids"]) for s in batch)
         p_ids, p_mask = _pad(list(index), self.pad_id, left=True)
-        row_prompt = torch.tensor([k for k, _ in rows], dtype=torch.long)
-        r_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        seg = torch.full((len(rows), width), -1, dtype=torch.long)  # sample of each column
-        offset = torch.zeros((len(rows), width), dtype=torch.long)  # its token's index
-        where = [(0, 0)] * len(batch)  # (row, first column) of each sample
-        for r, (_, members) in enumerate(rows):
-            for i, col in members:
-                n = lengths[i]
-                r_ids[r, col:col + n] = torch.tensor(batch[i]["response_ids"], dtype=torch.long)
-                seg[r, col:col + n] = i
-                offset[r, col:col + n] = torch.arange(n)
-                where[i] = (r, col)
-        same = (seg.unsqueeze(2) == seg.unsqueeze(1)) & (seg.unsqueeze(2) >= 0)
-        causal = torch.ones(width, width, dtype=torch.bool).tril()
+        row_prompt, r_ids, self_mask, offset, gather = _packed_layout(
+            [s["response_ids"] for s in batch], prompt_of, width, self.pad_id)
         # padding columns attend to their row's prompt: no all-masked row (NaN gradients)
         mask = torch.cat([p_mask.bool()[row_prompt].unsqueeze(1).expand(-1, width, -1),
-                          same & causal], dim=-1).unsqueeze(1)
+                          self_mask], dim=-1).unsqueeze(1)
         start = p_mask.sum(-1)[row_prompt].unsqueeze(1)  # the first response position
         with self._autocast():
             prompt = model(input_ids=p_ids, attention_mask=p_mask, use_cache=True,
@@ -164,17 +175,11 @@ class Trainer:
         # token 0 of a sample is predicted by its prompt's last position, token j by column j-1
         first = token_logprobs(prompt.logits[prompt_of, -1:],
                                torch.tensor([[s["response_ids"][0]] for s in batch]))
+        if width == 1:
+            return first
         following = token_logprobs(logits[:, :-1], r_ids[:, 1:]).reshape(-1)
-        out = [first]
-        gather = torch.zeros(len(batch), width - 1, dtype=torch.long)
-        valid = torch.zeros(len(batch), width - 1, dtype=torch.bool)
-        for i, (r, col) in enumerate(where):
-            n = lengths[i] - 1
-            gather[i, :n] = r * (width - 1) + col + torch.arange(n)
-            valid[i, :n] = True
-        if width > 1:
-            out.append(torch.where(valid, following[gather], torch.zeros(())))
-        return torch.cat(out, dim=1)
+        rest = torch.where(gather >= 0, following[gather.clamp(min=0)], torch.zeros(()))
+        return torch.cat([first, rest], dim=1)
 
     def _response_logprobs(self, model, batch: List[Dict[str, Any]]) -> torch.Tensor:
         if self.config.share_prompt_forward:

@@ -47,6 +47,10 @@ PLAIN = 0  # the width of a plain decode step
 CALIBRATION_EDGES = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 
 
+def _level_of(predicted: float) -> int:
+    return bisect.bisect_right(CALIBRATION_EDGES, predicted)
+
+
 def _level_name(k: int) -> str:
     lo = CALIBRATION_EDGES[k - 1] if k > 0 else 0.0
     return f"{lo:g}+" if k == len(CALIBRATION_EDGES) else f"{lo:g}-{CALIBRATION_EDGES[k]:g}"
@@ -102,9 +106,9 @@ class SpecCostModel:
     _cell: Dict[Tuple[int, int], list] = field(default_factory=dict)
     _seen: Dict[Tuple[int, int], int] = field(default_factory=dict)  # cell -> decision it was measured at
     _decisions: int = 0
-    _predicted: float = 0.0  # exponentially weighted sums behind ``calibration``
-    _accepted: float = 0.0
-    # the same sums per level of one request's prediction (CALIBRATION_EDGES): [predicted, accepted]
+    # exponentially weighted [predicted, accepted] drafts behind ``calibration``, overall and
+    # per level of one request's prediction (CALIBRATION_EDGES)
+    _overall: list = field(default_factory=lambda: [0.0, 0.0])
     _levels: Dict[int, list] = field(default_factory=dict)
     _curve: Optional[list] = None  # (tokens per forward, seconds) of every cell; None = stale
     _by_width: Dict[int, list] = field(default_factory=dict)  # width -> sorted points; {} = stale
@@ -153,13 +157,10 @@ class SpecCostModel:
         request one batch-32 step would replace the whole estimate."""
         if predicted > 0:
             d = self.calibration_decay
-            self._predicted = (1 - d) * self._predicted + d * predicted
-            self._accepted = (1 - d) * self._accepted + d * accepted
-            self.calibration = min(max(self._accepted / self._predicted, 0.02), 10.0)
-            level = self._levels.setdefault(bisect.bisect_right(CALIBRATION_EDGES, predicted),
-                                            [0.0, 0.0])
-            level[0] = (1 - d) * level[0] + predicted
-            level[1] = (1 - d) * level[1] + accepted
+            for sums in (self._overall, self._levels.setdefault(_level_of(predicted), [0.0, 0.0])):
+                sums[0] = (1 - d) * sums[0] + predicted
+                sums[1] = (1 - d) * sums[1] + accepted
+            self.calibration = min(max(self._overall[1] / self._overall[0], 0.02), 10.0)
 
     def calibrated(self, predicted: float) -> float:
         """Expected accepted drafts of one request whose drafts the store predicts ``predicted``
@@ -169,7 +170,7 @@ class SpecCostModel:
         predictions, and a store can be over-confident exactly there."""
         if predicted <= 0:
             return 0.0
-        level = self._levels.get(bisect.bisect_right(CALIBRATION_EDGES, predicted))
+        level = self._levels.get(_level_of(predicted))
         if level is None:
             return self.calibration * predicted
         m = self.calibration_prior
