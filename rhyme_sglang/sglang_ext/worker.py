@@ -219,7 +219,9 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
     def _finish(self, req) -> None:
         from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
-        self._sync(req, req.output_ids)
+        # a verify step may accept tokens past a stop or max_new_tokens: sglang keeps them in
+        # output_ids and returns only those through the stop; so does the history
+        self._sync(req, getattr(req, "output_ids_through_stop", req.output_ids))
         aborted = isinstance(req.finished_reason, FINISH_ABORT)
         self.store.finish_request(req.rid, add_to_history=not aborted)
         self._tracked.pop(req.rid, None)
