@@ -52,9 +52,9 @@ $(MODELS_STAMP): $(STAMP) rhyme_sglang/models.py
 	$(VPY) -m rhyme_sglang.models prepare smollm2
 	touch $@
 
-# sglang allows one engine per process; each engine-heavy module runs in its own pytest
-# process so a crashed engine cannot take the rest of the suite with it. The processes run on
-# one lane per two usable cores (scripts/run_tests.py; on 2 cores one lane, shortest job first).
+# Four pytest processes (scripts/run_tests.py): the lossless suite, the other engine modules
+# (one engine alive at a time), the driver's tests (Ray) and the rest. They run on one lane per
+# two usable cores (on 2 cores one lane, shortest job first).
 test: setup models
 	$(VPY) scripts/run_tests.py
 

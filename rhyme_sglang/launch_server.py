@@ -117,6 +117,9 @@ def main(argv: list[str] | None = None) -> None:
     cpu_only = on_cpu_only_machine()
     threads, argv = pop_cpu_threads(argv)
     apply_cpu_defaults({"cpu_threads": threads})
+    from rhyme_sglang.sglang_ext import forkserver
+
+    forkserver.warm_up()  # it imports sglang beside this process
     rhyme_config, argv = RhymeConfig.pop_from_argv(argv)
     argv = prepare_argv(argv, cpu_only)
     snapshot_root = rhyme_config.snapshot_root()
@@ -148,6 +151,7 @@ def main(argv: list[str] | None = None) -> None:
                      rhyme=rhyme)
     from sglang.srt.entrypoints.http_server import launch_server
 
+    forkserver.install()
     try:
         launch_server(server_args, run_scheduler_process_func=run_scheduler_process)
     finally:

@@ -1,9 +1,10 @@
 """``rhyme_sglang.Engine``: SGLang's offline ``Engine`` with rhyme-sglang's pieces applied.
 
 On a CPU-only machine it fills in the CPU settings (device, intel_amx attention, memory,
-threads) and makes sure the CPU backend reaches the spawned scheduler process through
-sglang's ``run_scheduler_process_func`` seam. Model aliases ``smollm2``/``tiny`` resolve to
-prepared folders. ``dtype`` absent or ``"auto"`` is decided by measurement
+threads) and makes sure the CPU backend reaches the scheduler process through sglang's
+``run_scheduler_process_func`` seam; the scheduler and detokenizer are forked from a process
+with sglang imported (:mod:`rhyme_sglang.sglang_ext.forkserver`). Model aliases
+``smollm2``/``tiny`` resolve to prepared folders. ``dtype`` absent or ``"auto"`` is decided by measurement
 (:func:`rhyme_sglang.machine.resolve_dtype`: bf16 only where this machine computes it
 natively, else fp32; bf16 with CUDA); ``cpu_threads=N`` sets the scheduler's compute threads.
 """
@@ -20,6 +21,9 @@ from rhyme_sglang.sglang_ext.cpu_defaults import apply_cpu_defaults
 
 check_sglang_version()
 apply_cpu_defaults({})  # env + finders before sglang is imported in this process
+from rhyme_sglang.sglang_ext import forkserver  # noqa: E402
+
+forkserver.warm_up()  # the fork server imports sglang beside this process
 
 import sglang  # noqa: E402
 from sglang.srt.entrypoints.engine import Engine as _SGLangEngine  # noqa: E402
@@ -57,9 +61,12 @@ class Engine(_SGLangEngine):
         self.rhyme_config = dataclasses.replace(self.rhyme_config, control_addr=new_control_addr())
         self.rhyme_config.to_env()  # read by the spawned scheduler process
         self._rhyme = ControlClient(self.rhyme_config.control_addr)
-        before = own_children.children()
-        super().__init__(**apply_cpu_defaults(kwargs))
-        self._own_children = own_children.children() - before
+        kwargs = apply_cpu_defaults(kwargs)
+        forkserver.install()
+        before, launched = own_children.children(), forkserver.mark()
+        super().__init__(**kwargs)
+        # what this engine started: its direct children (spawn) or its fork-server children
+        self._own_children = (own_children.children() - before) | forkserver.started(launched)
 
     # ------------------------------------------------------------------ RHYME API
     def _rhyme_call(self, cmd: str, **args):
@@ -115,7 +122,13 @@ class Engine(_SGLangEngine):
                                 max_tokens=max_tokens, prompt_id=prompt_id)
 
     def shutdown(self):
-        if self._rhyme is not None:
+        """Stop this engine's processes. Only the first call acts: sglang also calls it at
+        interpreter exit, when the scheduler is long gone (a step-cost flush would wait out its
+        timeout) and the PIDs it started may belong to other processes by then."""
+        if getattr(self, "_shut_down", False):
+            return None
+        self._shut_down = True
+        if getattr(self, "_rhyme", None) is not None:
             if self._is_rhyme:  # keep the measured step costs for the next engine
                 flush = ControlClient(self.rhyme_config.control_addr, timeout_s=5.0)
                 try:
@@ -127,7 +140,8 @@ class Engine(_SGLangEngine):
             self._rhyme.close()
         with own_children.sparing(getattr(self, "_own_children", set())):
             result = super().shutdown()
-        self._cancel_background_tasks()
+        if getattr(self, "loop", None) is not None:  # absent when __init__ failed early
+            self._cancel_background_tasks()
         return result
 
     def _cancel_background_tasks(self) -> None:

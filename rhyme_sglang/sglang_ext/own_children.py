@@ -18,13 +18,16 @@ import psutil
 
 
 def children() -> Set[int]:
-    """PIDs of this process's direct children, less multiprocessing's resource tracker (a
-    helper of the whole process that the first spawned child starts: killing it with one
-    engine makes the next relaunch it and warn that resources may leak)."""
+    """PIDs of this process's direct children, less multiprocessing's helpers of the whole
+    process: the resource tracker (the first spawned child starts it; killing it with one
+    engine makes the next relaunch it and warn that resources may leak) and the fork server
+    (it serves every engine of the process: :mod:`rhyme_sglang.sglang_ext.forkserver`)."""
     from multiprocessing import resource_tracker
 
+    from rhyme_sglang.sglang_ext.forkserver import server_pid
+
     tracker = getattr(getattr(resource_tracker, "_resource_tracker", None), "_pid", None)
-    return {c.pid for c in psutil.Process().children(recursive=False)} - {tracker}
+    return {c.pid for c in psutil.Process().children(recursive=False)} - {tracker, server_pid()}
 
 
 def kill_only(own: Set[int], kill_tree) -> None:

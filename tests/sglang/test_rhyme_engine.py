@@ -230,7 +230,12 @@ def test_bad_control_input_is_refused_and_history_intact(tiny, tmp_path):
     assert len(engine.generate(input_ids=PROMPTS[0], sampling_params=GREEDY)["output_ids"]) == 48
 
 
-def test_snapshot_survives_engine_restart(tiny, engines, tmp_path):
+def test_snapshot_survives_engine_restart(tiny, engines, tmp_path, monkeypatch):
+    import psutil
+
+    from rhyme_sglang.sglang_ext import engine as engine_module
+    from rhyme_sglang.sglang_ext import forkserver, own_children
+
     engine = tiny("tiny-rhyme")
     engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)
     probes = [(p, [], 8) for p in PROMPTS] + [(PROMPTS[2], PROMPTS[2][:3], 8)]
@@ -240,7 +245,18 @@ def test_snapshot_survives_engine_restart(tiny, engines, tmp_path):
     engines.close_all()
     restarted = tiny("tiny-rhyme", rhyme_snapshot_path=str(path))
     assert [restarted.rhyme_draft(p, c, k) for p, c, k in probes] == drafts
+    own = set(restarted._own_children)
+    if forkserver.start_method() == "forkserver":  # forked by the fork server, not by this process
+        assert len(own) == 2 and not own & own_children.children()
     engines.close_all()
+    alive = [p for p in own if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert not alive, alive
+    # sglang calls shutdown again at interpreter exit: it must do nothing then (no step-cost
+    # flush to a scheduler that is gone, no kill of PIDs other processes may hold by then)
+    calls = []
+    monkeypatch.setattr(engine_module, "ControlClient", lambda *a, **k: calls.append("flush"))
+    monkeypatch.setattr(own_children, "kill_only", lambda *a, **k: calls.append("kill"))
+    assert engine.shutdown() is None and restarted.shutdown() is None and not calls
 
 
 def test_longest_predicted_prompt_admitted_first_and_policy_switches(tiny):
