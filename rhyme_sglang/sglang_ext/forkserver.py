@@ -99,8 +99,12 @@ class _Multiprocessing:
 def warm_up() -> None:
     """Start the fork server now, where it will be used: it imports sglang in the background,
     beside this process's own import of it, instead of after it at the first engine's launch."""
-    if start_method() != "forkserver":
-        return
+    if start_method() == "forkserver":
+        _start_server()
+
+
+def _start_server() -> None:
+    """Start the fork server with sglang preloaded (a no-op when it runs already)."""
     from multiprocessing import forkserver as mp_forkserver
 
     multiprocessing.set_forkserver_preload([PRELOAD])
@@ -113,7 +117,7 @@ def install() -> str:
     from sglang.srt.entrypoints import engine as sglang_engine
 
     if method == "forkserver":
-        multiprocessing.set_forkserver_preload([PRELOAD])
+        _start_server()
         if not isinstance(sglang_engine.mp, _Multiprocessing):
             sglang_engine.mp = _Multiprocessing()
     elif isinstance(sglang_engine.mp, _Multiprocessing):

@@ -221,7 +221,7 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
 
         # a verify step may accept tokens past a stop or max_new_tokens: sglang keeps them in
         # output_ids and returns only those through the stop; so does the history
-        self._sync(req, getattr(req, "output_ids_through_stop", req.output_ids))
+        self._sync(req, req.output_ids_through_stop)
         aborted = isinstance(req.finished_reason, FINISH_ABORT)
         self.store.finish_request(req.rid, add_to_history=not aborted)
         self._tracked.pop(req.rid, None)
