@@ -85,13 +85,21 @@ class ServerProcess:
         raise TimeoutError(f"{self.module} did not become ready")
 
     def stop(self) -> None:
+        """Terminate the process group (killed after 30 s); a second call does nothing."""
         import signal
 
+        if self._log.closed:
+            return
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         self._log.close()
 
 

@@ -9,6 +9,9 @@ length, so the ratio shows what history drafting gives the next epoch. Response 
 sampled, so the figure of merit is output tokens per second; the makespan ratio is reported
 too.
 
+Each engine runs in a child process whose output (SGLang's start-up logs and warnings) goes to
+``runs/<name>/side_by_side_{vanilla,rhyme}.log``.
+
 A run with two or more engines shares the machine's cores between them, so the two engines
 run at the same time, each in its own process, and their timed rollouts start together (a
 barrier after start-up and history import): each gets the share of the machine a loop engine
@@ -94,12 +97,27 @@ def _time_one(config, name: str, barrier=None) -> Dict[str, Any]:
         engine.shutdown()
 
 
+def log_path(config, name: str):
+    """Where a side-by-side child's output (its engine's start-up and warnings) goes."""
+    return config.run_dir / f"side_by_side_{name}.log"
+
+
 def _child(config, name: str, barrier, results) -> None:
+    import os
+    import sys
+
+    # the engine's start-up output (sglang's import warnings and logs, its scheduler's too)
+    # goes to a file of the run, not into the demo's progress lines
+    log = open(log_path(config, name), "w")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
     try:
         results.put((name, _time_one(config, name, barrier)))
     except BaseException as exc:
         barrier.abort()  # the other side must not wait for an engine that never comes
-        results.put((name, {"error": f"{type(exc).__name__}: {exc}"}))
+        results.put((name, {"error": f"{type(exc).__name__}: {exc} (log: {log_path(config, name)})"}))
         raise
 
 

@@ -119,3 +119,7 @@ def test_side_by_side_runs_vanilla_and_rhyme_at_once(finished_run):
     assert r["vanilla"]["tau"] == 1.0 and r["rhyme"]["tau"] > 1.0  # history drafts accepted
     assert r["speedup_tokens_per_s"] == pytest.approx(
         r["rhyme"]["tokens_per_s"] / r["vanilla"]["tokens_per_s"])
+    from rl_driver.side_by_side import log_path
+
+    for name in ("vanilla", "rhyme"):  # each engine's start-up output went to its own log
+        assert log_path(config, name).stat().st_size > 0, name
