@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from typing import List
+from typing import List, Union
 
 START_METHOD_ENV = "RHYME_START_METHOD"
 PRELOAD = "rhyme_sglang.sglang_ext.forkserver_preload"
-_launched: List[multiprocessing.process.BaseProcess] = []
+# launched processes, each replaced by its PID once `started` has seen it running (a Process
+# object keeps its sentinel's file descriptor open: two per engine start otherwise)
+_launched: List[Union[multiprocessing.process.BaseProcess, int]] = []
 
 
 def start_method() -> str:
@@ -132,7 +134,14 @@ def mark() -> int:
 
 def started(since: int) -> set:
     """PIDs of the processes launched through the fork server since ``mark()`` gave ``since``."""
-    return {p.pid for p in _launched[since:] if p.pid is not None}
+    pids = set()
+    for i in range(since, len(_launched)):
+        entry = _launched[i]
+        if not isinstance(entry, int) and entry.pid is not None:
+            entry = _launched[i] = entry.pid
+        if isinstance(entry, int):
+            pids.add(entry)
+    return pids
 
 
 def server_pid():
