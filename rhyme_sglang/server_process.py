@@ -7,6 +7,7 @@ router in front of several. Standard library only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -90,16 +91,12 @@ class ServerProcess:
 
         if self._log.closed:
             return
-        try:
+        with contextlib.suppress(ProcessLookupError):  # the group is gone already
             os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=30)
-        except ProcessLookupError:
-            pass
-        except subprocess.TimeoutExpired:
             try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         self._log.close()
 
 

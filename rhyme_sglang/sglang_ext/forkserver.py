@@ -28,13 +28,12 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from typing import List, Union
+from multiprocessing.context import ForkServerProcess
+from typing import List
 
 START_METHOD_ENV = "RHYME_START_METHOD"
 PRELOAD = "rhyme_sglang.sglang_ext.forkserver_preload"
-# launched processes, each replaced by its PID once `started` has seen it running (a Process
-# object keeps its sentinel's file descriptor open: two per engine start otherwise)
-_launched: List[Union[multiprocessing.process.BaseProcess, int]] = []
+_launched: List[int] = []  # PIDs of the processes started through _Multiprocessing
 
 
 def start_method() -> str:
@@ -90,12 +89,17 @@ class _Multiprocessing:
 
     @staticmethod
     def Process(group=None, target=None, name=None, args=(), kwargs=None, *, daemon=None):
-        context = multiprocessing.get_context("forkserver")
-        proc = context.Process(group=group, name=name, args=args, kwargs=kwargs or {},
-                               daemon=daemon, target=_AsLaunched(target, dict(os.environ),
-                                                                 os.getcwd(), os.getpid()))
-        _launched.append(proc)
-        return proc
+        return _RecordedProcess(group=group, name=name, args=args, kwargs=kwargs or {},
+                                daemon=daemon, target=_AsLaunched(target, dict(os.environ),
+                                                                  os.getcwd(), os.getpid()))
+
+
+class _RecordedProcess(ForkServerProcess):
+    """A fork-server process that records its PID when it starts (only the PID is kept)."""
+
+    def start(self) -> None:
+        super().start()
+        _launched.append(self.pid)
 
 
 def warm_up() -> None:
@@ -134,14 +138,7 @@ def mark() -> int:
 
 def started(since: int) -> set:
     """PIDs of the processes launched through the fork server since ``mark()`` gave ``since``."""
-    pids = set()
-    for i in range(since, len(_launched)):
-        entry = _launched[i]
-        if not isinstance(entry, int) and entry.pid is not None:
-            entry = _launched[i] = entry.pid
-        if isinstance(entry, int):
-            pids.add(entry)
-    return pids
+    return set(_launched[since:])
 
 
 def server_pid():

@@ -106,7 +106,7 @@ def test_rhyme_rollout_logprobs_match_the_trainer(finished_run):
 
 
 def test_side_by_side_runs_vanilla_and_rhyme_at_once(finished_run):
-    from rl_driver.side_by_side import compare
+    from rl_driver.side_by_side import compare, log_path
 
     *_, resumed_config = finished_run
     config = resumed_config.resolved()
@@ -119,7 +119,5 @@ def test_side_by_side_runs_vanilla_and_rhyme_at_once(finished_run):
     assert r["vanilla"]["tau"] == 1.0 and r["rhyme"]["tau"] > 1.0  # history drafts accepted
     assert r["speedup_tokens_per_s"] == pytest.approx(
         r["rhyme"]["tokens_per_s"] / r["vanilla"]["tokens_per_s"])
-    from rl_driver.side_by_side import log_path
-
     for name in ("vanilla", "rhyme"):  # each engine's start-up output went to its own log
         assert log_path(config, name).stat().st_size > 0, name
