@@ -251,7 +251,9 @@ class RunConfig:
     def resolved(self, engine_dtype=None, cores=None) -> "RunConfig":
         """This config with the machine's choices made concrete: ``engine.dtype: auto`` (by
         ``engine_dtype(requested)``, default the measured :func:`rhyme_sglang.machine.resolve_dtype`),
-        ``train.autocast_bf16: auto`` (true iff auto picks bf16), ``engine.cpu_threads: 0`` and
+        ``train.autocast_bf16: auto`` (true iff the engines run bf16 and this machine computes
+        bf16 natively, so rollout and trainer logprobs come from the same number format),
+        ``engine.cpu_threads: 0`` and
         ``train.num_threads: 0`` (the thread rules on ``cores`` usable cores). Idempotent."""
         from rhyme_sglang import machine
 
@@ -260,7 +262,8 @@ class RunConfig:
         dtype = pick(self.engine.dtype)
         autocast = self.train.autocast_bf16
         if autocast == "auto":
-            autocast = (dtype if self.engine.dtype == "auto" else pick("auto")) == "bfloat16"
+            native = (dtype if self.engine.dtype == "auto" else pick("auto")) == "bfloat16"
+            autocast = native and dtype == "bfloat16"
         threads = machine.choose_scheduler_threads(self.engine.cpu_threads or None, cores,
                                                    self.engine.num_engines)
         return self.replace(

@@ -109,12 +109,13 @@ TINY_CONFIGS = {
 
 @pytest.fixture(scope="session")
 def tiny(engines, tiny_model_path):
-    """``tiny(name)`` -> the live engine for that configuration (see ``TINY_CONFIGS``)."""
+    """``tiny(name, **extra)`` -> the live engine for that configuration (see ``TINY_CONFIGS``),
+    in fp32 unless ``extra`` gives a ``dtype``."""
 
     def get(name: str = "tiny", **extra):
-        config = {**TINY_CONFIGS[name], **extra}
+        config = {"dtype": "float32", **TINY_CONFIGS[name], **extra}
         key = name + "".join(f"|{k}={v}" for k, v in sorted(extra.items()))
-        return engines.get(key, model_path=tiny_model_path, dtype="float32", **config)
+        return engines.get(key, model_path=tiny_model_path, **config)
 
     return get
 

@@ -19,7 +19,9 @@ def stack(ray_cluster, tiny_model_path):
 
     pool = EnginePool({"model_path": tiny_model_path, "dtype": "float32", "log_level": "warning",
                        "max_total_tokens": 4096}, 1, rhyme=False)
-    trainer = ray_cluster.remote(Trainer).remote(tiny_model_path, TrainConfig(num_threads=1), 0)
+    # fp32 like the engine (autocast "auto" would follow this machine: bf16 where it is native)
+    trainer = ray_cluster.remote(Trainer).remote(
+        tiny_model_path, TrainConfig(num_threads=1, autocast_bf16=False), 0)
     ray_cluster.get(trainer.ready.remote())
     yield ray_cluster, pool, trainer
     pool.shutdown()
