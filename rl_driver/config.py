@@ -262,8 +262,9 @@ class RunConfig:
         dtype = pick(self.engine.dtype)
         autocast = self.train.autocast_bf16
         if autocast == "auto":
-            native = (dtype if self.engine.dtype == "auto" else pick("auto")) == "bfloat16"
-            autocast = native and dtype == "bfloat16"
+            # an auto-chosen bf16 is native already; an explicit one is checked by the probe
+            autocast = dtype == "bfloat16" and (self.engine.dtype == "auto"
+                                                or pick("auto") == "bfloat16")
         threads = machine.choose_scheduler_threads(self.engine.cpu_threads or None, cores,
                                                    self.engine.num_engines)
         return self.replace(

@@ -98,6 +98,7 @@ def test_explicit_dtype_autocast_and_threads_win():
     out = cfg.resolved(engine_dtype=_pick(True), cores=16)
     assert out.engine.dtype == "float32" and out.train.autocast_bf16 is False
     assert out.engine.cpu_threads == 3 and out.train.num_threads == 1
+    assert out.engine.server_args("/m")["cpu_threads"] == 3
     # autocast auto follows the engines: an fp32 engine on a fast-bf16 machine trains in fp32,
     # so rollout and trainer logprobs agree; a bf16 engine on a slow-bf16 machine too
     fp32 = config_from_dict({"engine": {"dtype": "float32"}}).resolved(engine_dtype=_pick(True))
@@ -105,7 +106,6 @@ def test_explicit_dtype_autocast_and_threads_win():
     bf16 = config_from_dict({"engine": {"dtype": "bfloat16"}})
     assert bf16.resolved(engine_dtype=_pick(True)).train.autocast_bf16 is True
     assert bf16.resolved(engine_dtype=_pick(False)).train.autocast_bf16 is False
-    assert out.engine.server_args("/m")["cpu_threads"] == 3
     with pytest.raises(ConfigError, match="'train.autocast_bf16'.*yes"):
         config_from_dict({"train": {"autocast_bf16": "yes"}})
     with pytest.raises(ConfigError, match="'engine.cpu_threads'.*-1"):
