@@ -24,17 +24,47 @@ batch are attended together, with no per-request Python loop:
 A batch whose padded working set would pass ``CHUNK_BYTES`` is attended in chunks of requests
 of similar length, each chunk still batched. Unsupported features (sliding window, attention
 sinks, cross attention, fp8 KV cache) raise ``NotImplementedError`` naming the op.
+
+**Native paged path.** When the C++ module ``_rhyme_attention`` is built (``pip install -e .``,
+done by ``make setup``), decode, every verify tree and every extend of at most
+``NATIVE_MAX_EXTEND`` tokens are attended by it instead: it reads each request's keys and
+values straight from the paged cache, in the cache's dtype, once for all of its query rows,
+with no padded gather, no conversion pass and no mask tensor. Every query row is computed on
+its own with a fixed arithmetic order (fp32 math), so a token's output is bit-identical whether
+it is one decode row or a node of a verify tree (which is why trees of any width stay on it):
+speculation stays lossless in bf16 as in fp32. Longer extends (prefill) keep the SDPA path,
+whose GEMMs are faster there (measured: from ~16 query rows at a 256-token prefix).
+``RHYME_CPU_ATTENTION=torch`` turns the native path off, ``native`` requires it.
 """
 
 from __future__ import annotations
 
+import os
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
+try:
+    from . import _rhyme_attention as _native
+except ImportError:  # not built: every request takes the batched PyTorch path
+    _native = None
+
 CHUNK_BYTES = 256 << 20  # padded K/V + scores of one batched call, before splitting requests
+NATIVE_MAX_EXTEND = 16  # longer extends without a tree (prefill) take the SDPA path
+ATTENTION_IMPLS = ("auto", "native", "torch")
 _LIB = None
+
+
+def native_enabled() -> bool:
+    """Whether the native paged path is used (``RHYME_CPU_ATTENTION``: auto, native, torch)."""
+    choice = os.environ.get("RHYME_CPU_ATTENTION", "auto")
+    if choice not in ATTENTION_IMPLS:
+        raise ValueError(f"RHYME_CPU_ATTENTION must be one of {ATTENTION_IMPLS}, got {choice!r}")
+    if choice == "native" and _native is None:
+        raise ValueError("RHYME_CPU_ATTENTION=native but rhyme_sglang.cpu_backend._rhyme_attention "
+                         "is not built (run `pip install -e .` or `make setup`)")
+    return choice != "torch" and _native is not None
 
 
 def _unsupported(op: str, what: str):
@@ -223,6 +253,47 @@ def _attend_requests(q, o, k_buffer, v_buffer, req_to_token, reqs: _Requests, ma
         o.index_copy_(0, _pick(q_rows, real), out)
 
 
+def _native_fits(q, k_buffer, v_buffer, req_to_token) -> bool:
+    """Whether the native path can read these tensors as they are (else the PyTorch path)."""
+    return (native_enabled() and k_buffer.dtype in (torch.float32, torch.bfloat16)
+            and v_buffer.dtype == k_buffer.dtype and k_buffer.is_contiguous()
+            and v_buffer.is_contiguous() and req_to_token.dtype == torch.int32
+            and req_to_token.dim() == 2 and req_to_token.stride(1) == 1
+            and q.dtype in (torch.float32, torch.bfloat16, torch.float16))
+
+
+def _native_attend(q, o, k_buffer, v_buffer, req_to_token, pool_rows, seq_lens, ext_lens,
+                   starts, sm_scale, logit_cap, is_causal, k=None, v=None, tree=None):
+    """Attend the given requests with the native module; writes their rows of ``o``.
+
+    q [T, H, D], o [T, H, Dv]; per-request pool_rows / seq_lens / ext_lens / starts [B];
+    k/v [T, Hkv, D*] this step's K/V (read instead of the cache at extend offsets) or None;
+    tree [B, n, n] bool or None.
+    """
+    hkv, dv = k_buffer.shape[1], v_buffer.shape[2]
+    qf = q.to(torch.float32).contiguous()
+    direct = o.dtype == torch.float32 and o.is_contiguous()
+    out = o if direct else torch.zeros(o.shape, dtype=torch.float32)
+    longs = [x.to(torch.int64).contiguous() for x in (pool_rows, seq_lens, ext_lens, starts)]
+    fresh = [None if x is None else x.reshape(x.shape[0], hkv, -1).to(k_buffer.dtype).contiguous()
+             for x in (k, v)]
+    tree_u8 = None if tree is None else tree.to(torch.uint8).contiguous()
+    ptr = lambda x: 0 if x is None else x.data_ptr()  # noqa: E731
+    _native.attend(ptr(qf), ptr(out), ptr(k_buffer), ptr(v_buffer), ptr(fresh[0]), ptr(fresh[1]),
+                   ptr(req_to_token), *(ptr(x) for x in longs), ptr(tree_u8),
+                   0 if tree is None else tree.shape[-1], longs[0].shape[0], q.shape[1], hkv,
+                   q.shape[2], dv, req_to_token.stride(0), float(sm_scale), float(logit_cap),
+                   k_buffer.dtype == torch.bfloat16, bool(is_causal), torch.get_num_threads())
+    if not direct:  # copy back the requests' rows only
+        ext, first = longs[2].clamp(min=0), longs[3]
+        total = int(ext.sum())
+        if torch.equal(first, torch.cumsum(ext, 0) - ext) and total:  # rows 0 .. total-1
+            o[:total].copy_(out[:total])
+        elif total:
+            rows = torch.repeat_interleave(first - (torch.cumsum(ext, 0) - ext), ext) + torch.arange(total)
+            o.index_copy_(0, rows, out.index_select(0, rows).to(o.dtype))
+
+
 def _bytes_per_key(k_buffer, v_buffer) -> int:
     return 4 * k_buffer.shape[1] * (k_buffer.shape[2] + v_buffer.shape[2])
 
@@ -245,6 +316,21 @@ def extend_attention_cpu(
     tree = None
     if tree_mask is not None:
         tree = tree_mask.reshape(-1)[: bsz * lq * lq].view(bsz, lq, lq).bool()
+    if _native_fits(q, k_buffer, v_buffer, req_to_token):
+        short = [n <= NATIVE_MAX_EXTEND or tree is not None for n in ext_l]
+        if any(short):
+            sel = torch.tensor([i for i, s in enumerate(short) if s])
+            pick = (lambda x: x) if all(short) else (lambda x: x[sel])  # noqa: E731
+            _native_attend(q, o, k_buffer, v_buffer, req_to_token, pick(req_pool_indices),
+                           pick(seq_lens), pick(extend_seq_lens), pick(extend_start_loc),
+                           sm_scale, logit_cap, is_causal, k, v, tree)
+            if all(short):
+                return
+            rest = torch.tensor([i for i, s in enumerate(short) if not s])
+            req_pool_indices, seq_lens = req_pool_indices[rest], seq_lens[rest]
+            extend_seq_lens, extend_start_loc = extend_seq_lens[rest], extend_start_loc[rest]
+            seq_l, ext_l = seq_lens.tolist(), extend_seq_lens.tolist()
+            bsz, lq = len(seq_l), max(ext_l)
     packed = min(ext_l) == lq and extend_start_loc.tolist() == list(range(0, bsz * lq, lq))
     reqs = _Requests(req_pool_indices, seq_lens, extend_seq_lens, extend_start_loc, tree,
                      max(seq_l), lq, packed)
@@ -279,6 +365,10 @@ def decode_attention_cpu(
     if bsz == 0:
         return
     ones = torch.ones(bsz, dtype=torch.long)
+    if _native_fits(q, k_buffer, v_buffer, req_to_token):
+        _native_attend(q, o, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, ones,
+                       torch.arange(bsz), sm_scale, logit_cap, True)
+        return
     reqs = _Requests(req_pool_indices, seq_lens, ones, torch.arange(bsz), None, max(seq_l), 1,
                      packed=True)
     bytes_per_score = 4 * 3 * q.shape[1]

@@ -144,6 +144,26 @@ def test_every_verify_width_and_switch_is_lossless(tiny, baseline, tiny_model_pa
     assert all(e[1] in kinds | {"prefill"} for e in breakdown["timeline"])
 
 
+def test_bf16_every_width_keeps_greedy_tokens_and_logprobs(tiny):
+    """In bf16 too (the dtype ``auto`` picks on CPUs with AMX): plain decode and every verify
+    width with every switch give the greedy tokens and logprobs of non-speculative bf16
+    decoding. Logprobs are compared to 1e-4 as in fp32: the attention computes each row alike
+    in decode and verify, so only GEMM rounding at different row counts could move them."""
+    plain = tiny("tiny", dtype="bfloat16").generate(
+        input_ids=PROMPTS, sampling_params=GREEDY, return_logprob=True)
+    reference = {"greedy": [o["output_ids"] for o in plain],
+                 "greedy_logprobs": [[lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]]
+                                     for o in plain]}
+    engine = tiny("tiny-rhyme-cycle", dtype="bfloat16")
+    for _ in range(3):
+        _assert_greedy_matches(
+            engine.generate(input_ids=PROMPTS, sampling_params=GREEDY, return_logprob=True),
+            reference)
+        engine.rhyme_advance_epoch()
+    kinds = {"plain"} | {f"verify_w{w}" for w in (1, 2, 4, 8, 16)}
+    assert kinds <= {k for k, v in engine.rhyme_stats()["decode_steps"].items() if v > 0}
+
+
 def test_sampled_token_logprobs_match_non_speculative(tiny, baseline, sampled_sequences):
     assert sum(n for _, _, n in sampled_sequences) > 0  # drafts were accepted while sampling
     engine = tiny("tiny")

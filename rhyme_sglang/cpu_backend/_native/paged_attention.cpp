@@ -1,0 +1,371 @@
+// Paged attention read straight from sglang's KV pool, one request at a time, every query
+// row computed on its own: its scores, softmax and V sum visit the keys it sees in position
+// order with a fixed arithmetic order. A token's output therefore does not depend on how many
+// other rows share the call: one decode row and the same token as a node of a verify tree (same
+// visible keys, same values) give bit-identical results, which is what lossless speculation
+// needs. K/V are read once per request for all of its query rows, in the cache's own dtype
+// (float32 or bf16, widened to float32 on load), so nothing is gathered or converted ahead.
+//
+// Built without fast-math and with -ffp-contract=off: the dot product keeps 16 partial sums
+// reduced in a fixed tree, so every ISA clone gives the same bits.
+//
+// Called from rhyme_sglang/cpu_backend/attention.py with raw pointers to contiguous tensors
+// that Python checked (shapes, dtypes, strides); no torch headers are needed to build it.
+
+#include <pybind11/pybind11.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+constexpr int kBlock = 8;    // floats in a v8f
+constexpr int kTile = 16;    // keys per score tile: one v16f, each key one lane
+constexpr int kVBlock = 64;  // keys whose values are widened at once for the V sums
+constexpr int kRows = 4;     // query rows of one KV head computed together (sharing loads)
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+typedef float v16f __attribute__((vector_size(64)));
+
+inline float bf16_to_float(uint16_t x) {
+    uint32_t bits = static_cast<uint32_t>(x) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+inline v8f load8(const float* p) {
+    v8f x;
+    std::memcpy(&x, p, sizeof x);
+    return x;
+}
+
+inline void store8(float* p, v8f x) { std::memcpy(p, &x, sizeof x); }
+
+inline v16f load16(const float* p) {
+    v16f x;
+    std::memcpy(&x, p, sizeof x);
+    return x;
+}
+
+inline void store16(float* p, v16f x) { std::memcpy(p, &x, sizeof x); }
+
+inline v16f splat16(float x) {
+    v16f v = {x};
+    return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+}
+
+// Scores of NR query rows (same KV head) against one tile of kTile keys, kt [d][kTile]:
+// each lane adds q[c] * k[c] for c = 0 .. d-1 in order, then scales.
+template <int NR>
+inline void score_rows(const float* q, const int64_t* rows, const float* kt, int64_t d,
+                       float scale, float* scores, int64_t padded, int64_t j0) {
+    v16f acc[NR];
+    for (int r = 0; r < NR; ++r) acc[r] = splat16(0.f);
+    for (int64_t c = 0; c < d; ++c) {
+        const v16f k = load16(kt + c * kTile);
+        for (int r = 0; r < NR; ++r) acc[r] += splat16(q[rows[r] * d + c]) * k;
+    }
+    for (int r = 0; r < NR; ++r) store16(scores + rows[r] * padded + j0, acc[r] * splat16(scale));
+}
+
+// o[row] += sum over the nb keys of p[row][jj] * v[jj], keys in order, for NR rows of one KV
+// head; vals [nb][v_width] with this head's values at offset 0, columns c0 .. c0 + 32.
+template <int NR>
+inline void value_rows(float* o, const int64_t* rows, int64_t dv, const float* p, int64_t padded,
+                       const float* vals, int64_t v_width, int64_t nb, int64_t c0) {
+    v16f lo[NR], hi[NR];
+    for (int r = 0; r < NR; ++r) {
+        lo[r] = load16(o + rows[r] * dv + c0);
+        hi[r] = load16(o + rows[r] * dv + c0 + 16);
+    }
+    for (int64_t jj = 0; jj < nb; ++jj) {
+        const v16f a = load16(vals + jj * v_width + c0), b = load16(vals + jj * v_width + c0 + 16);
+        for (int r = 0; r < NR; ++r) {
+            const v16f w = splat16(p[rows[r] * padded + jj]);
+            lo[r] += w * a;
+            hi[r] += w * b;
+        }
+    }
+    for (int r = 0; r < NR; ++r) {
+        store16(o + rows[r] * dv + c0, lo[r]);
+        store16(o + rows[r] * dv + c0 + 16, hi[r]);
+    }
+}
+
+inline v8f splat(float x) { v8f v = {x}; return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0); }
+
+// Row `index` (n values of the cache dtype) widened into `dst`.
+inline void load_row(const void* base, int64_t index, int64_t n, bool bf16, float* dst) {
+    if (bf16) {
+        const uint16_t* p = static_cast<const uint16_t*>(base) + index * n;
+        for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(p[i]);
+    } else {
+        std::memcpy(dst, static_cast<const float*>(base) + index * n, n * sizeof(float));
+    }
+}
+
+// exp(x) lane by lane for x <= 0 (scores minus their row maximum): Cody-Waite reduction to
+// r in [-ln2/2, ln2/2], a degree-6 Taylor polynomial (relative error ~1e-7), and the power of
+// two through the exponent bits; x below -87 gives 0. Each lane's result depends only on its x.
+inline v8f exp8(v8f x) {
+    const v8f lo = splat(-87.f);
+    v8i dead = x < lo;
+    x = x < lo ? lo : x;
+    const v8f shift = splat(12582912.f);  // 1.5 * 2^23: adding it rounds to an integer
+    v8f n = (x * splat(1.44269504088896341f) + shift) - shift;
+    v8f r = x - n * splat(0.693359375f);
+    r = r - n * splat(-2.12194440e-4f);
+    v8f p = splat(1.f / 720.f);
+    p = p * r + splat(1.f / 120.f);
+    p = p * r + splat(1.f / 24.f);
+    p = p * r + splat(1.f / 6.f);
+    p = p * r + splat(0.5f);
+    p = p * r + splat(1.f);
+    p = p * r + splat(1.f);
+    v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
+    v8f scale;
+    std::memcpy(&scale, &bits, sizeof scale);
+    v8f out = p * scale;
+    return dead ? splat(0.f) : out;
+}
+
+struct Shapes {
+    int64_t heads, kv_heads, head_dim, v_dim;
+    float scale, logit_cap;
+    bool kv_bf16, causal;
+};
+
+// One request: queries q [ext, heads, head_dim] (float32), output o [ext, heads, v_dim].
+// Keys 0 .. prefix-1 come from the cache through `locs`; extend keys (offset r = j - prefix)
+// come from k_new/v_new rows r when given, else from the cache too.
+// `tree` [ext, ext] (uint8, row t: which extend offsets query t sees) or null.
+//
+// Why a row's result does not depend on the other rows or on where its keys sit:
+// - a score is sum_d q[d] k[d] over d = 0 .. head_dim-1 in order, the same in every vector
+//   lane and for every row block, so a key's score does not depend on its tile, lane or rows;
+// - the row maximum is exact; exp is lane-wise;
+// - the softmax sum and the V sum run over the keys in position order, a key the row does not
+//   see adding an exact zero. Ancestors in a verify tree come in position order too, so a tree
+//   node meets the same non-zero terms in the same order as the same token decoded alone.
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void attend_request(const Shapes& s, const float* q, float* o, const void* k_cache,
+                    const void* v_cache, const void* k_new, const void* v_new,
+                    const int32_t* locs, int64_t seq_len, int64_t ext, const uint8_t* tree) {
+    const int64_t h = s.heads, hkv = s.kv_heads, d = s.head_dim, dv = s.v_dim;
+    const int64_t group = h / hkv, prefix = seq_len - ext, rows = ext * h;
+    const int64_t k_width = hkv * d, v_width = hkv * dv;
+    const int64_t padded = (seq_len + kTile - 1) / kTile * kTile;
+    std::vector<float> scores(static_cast<size_t>(rows * padded));
+    std::vector<float> keys(static_cast<size_t>(kTile * k_width));
+    std::vector<float> tile(static_cast<size_t>(k_width * kTile));  // [hkv][d][key in tile]
+    std::vector<float> values(static_cast<size_t>(kVBlock * v_width));
+
+    auto load = [&](bool is_key, int64_t j, float* dst) {
+        const int64_t width = is_key ? k_width : v_width;
+        const void* fresh = is_key ? k_new : v_new;
+        if (j >= prefix && fresh != nullptr)
+            load_row(fresh, j - prefix, width, s.kv_bf16, dst);
+        else
+            load_row(is_key ? k_cache : v_cache, locs[j], width, s.kv_bf16, dst);
+    };
+    // visible(t, j) for an extend key j >= prefix
+    auto sees = [&](int64_t t, int64_t j) -> bool {
+        const int64_t r = j - prefix;
+        if (tree != nullptr) return tree[t * ext + r] != 0;
+        return !s.causal || r <= t;
+    };
+
+    // rows of each KV head: t * h + kh * group + g
+    std::vector<int64_t> head_rows(static_cast<size_t>(rows));
+    for (int64_t kh = 0, i = 0; kh < hkv; ++kh)
+        for (int64_t t = 0; t < ext; ++t)
+            for (int64_t g = 0; g < group; ++g) head_rows[i++] = t * h + kh * group + g;
+    const int64_t per_head = ext * group;
+
+    // 1. scores, a tile of kTile keys at a time (missing keys of the last tile are zeros)
+    for (int64_t j0 = 0; j0 < seq_len; j0 += kTile) {
+        const int64_t nb = std::min<int64_t>(kTile, seq_len - j0);
+        std::fill(keys.begin(), keys.end(), 0.f);
+        for (int64_t jj = 0; jj < nb; ++jj) load(true, j0 + jj, keys.data() + jj * k_width);
+        for (int64_t c = 0; c < k_width; ++c)
+            for (int64_t jj = 0; jj < kTile; ++jj) tile[c * kTile + jj] = keys[jj * k_width + c];
+        for (int64_t kh = 0; kh < hkv; ++kh) {
+            const float* kt = tile.data() + kh * d * kTile;
+            const int64_t* hr = head_rows.data() + kh * per_head;
+            int64_t i = 0;
+            for (; i + kRows <= per_head; i += kRows)
+                score_rows<kRows>(q, hr + i, kt, d, s.scale, scores.data(), padded, j0);
+            switch (per_head - i) {
+                case 3: score_rows<3>(q, hr + i, kt, d, s.scale, scores.data(), padded, j0); break;
+                case 2: score_rows<2>(q, hr + i, kt, d, s.scale, scores.data(), padded, j0); break;
+                case 1: score_rows<1>(q, hr + i, kt, d, s.scale, scores.data(), padded, j0); break;
+                default: break;
+            }
+        }
+    }
+    // 2. softmax weights per row: invisible keys get an exact 0
+    std::vector<float> row_sum(static_cast<size_t>(rows), 0.f);
+    for (int64_t row = 0; row < rows; ++row) {
+        const int64_t t = row / h;
+        float* sc = scores.data() + row * padded;
+        if (s.logit_cap > 0.f)
+            for (int64_t j = 0; j < seq_len; ++j) sc[j] = s.logit_cap * std::tanh(sc[j] / s.logit_cap);
+        for (int64_t j = std::max<int64_t>(prefix, 0); j < seq_len; ++j)
+            if (!sees(t, j)) sc[j] = -std::numeric_limits<float>::infinity();
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < seq_len; ++j) mx = sc[j] > mx ? sc[j] : mx;
+        if (mx == -std::numeric_limits<float>::infinity()) {  // sees nothing: zeros
+            std::fill(sc, sc + padded, 0.f);
+            continue;
+        }
+        for (int64_t j = seq_len; j < padded; ++j) sc[j] = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < padded; j += kBlock) store8(sc + j, exp8(load8(sc + j) - splat(mx)));
+    }
+    // each row's sum in key order; four rows at once so their add chains overlap
+    for (int64_t row0 = 0; row0 < rows; row0 += 4) {
+        float total[4] = {0.f, 0.f, 0.f, 0.f};
+        const int64_t nr = std::min<int64_t>(4, rows - row0);
+        const float* sc = scores.data() + row0 * padded;
+        if (nr == 4) {
+            for (int64_t j = 0; j < seq_len; ++j) {
+                total[0] += sc[j];
+                total[1] += sc[padded + j];
+                total[2] += sc[2 * padded + j];
+                total[3] += sc[3 * padded + j];
+            }
+        } else {
+            for (int64_t r = 0; r < nr; ++r)
+                for (int64_t j = 0; j < seq_len; ++j) total[r] += sc[r * padded + j];
+        }
+        for (int64_t r = 0; r < nr; ++r) row_sum[row0 + r] = total[r];
+    }
+    // 3. weighted V sums, keys in position order: each output element adds p * v key after
+    //    key (a key the row does not see adds an exact zero); accumulators stay in registers
+    //    across a block of kVBlock keys, kRows rows of one KV head sharing each value load
+    std::memset(o, 0, sizeof(float) * static_cast<size_t>(rows * dv));
+    const int64_t wide = dv / 32 * 32;
+    for (int64_t j0 = 0; j0 < seq_len; j0 += kVBlock) {
+        const int64_t nb = std::min<int64_t>(kVBlock, seq_len - j0);
+        for (int64_t jj = 0; jj < nb; ++jj) load(false, j0 + jj, values.data() + jj * v_width);
+        const float* p = scores.data() + j0;
+        for (int64_t kh = 0; kh < hkv; ++kh) {
+            const float* vals = values.data() + kh * dv;
+            const int64_t* hr = head_rows.data() + kh * per_head;
+            for (int64_t c0 = 0; c0 < wide; c0 += 32) {
+                int64_t i = 0;
+                for (; i + kRows <= per_head; i += kRows)
+                    value_rows<kRows>(o, hr + i, dv, p, padded, vals, v_width, nb, c0);
+                switch (per_head - i) {
+                    case 3: value_rows<3>(o, hr + i, dv, p, padded, vals, v_width, nb, c0); break;
+                    case 2: value_rows<2>(o, hr + i, dv, p, padded, vals, v_width, nb, c0); break;
+                    case 1: value_rows<1>(o, hr + i, dv, p, padded, vals, v_width, nb, c0); break;
+                    default: break;
+                }
+            }
+            for (int64_t i = 0; i < per_head && wide < dv; ++i) {  // columns past the last 32
+                float* orow = o + hr[i] * dv;
+                const float* pr = p + hr[i] * padded;
+                for (int64_t c = wide; c < dv; ++c) {
+                    float acc = orow[c];
+                    for (int64_t jj = 0; jj < nb; ++jj) acc += pr[jj] * vals[jj * v_width + c];
+                    orow[c] = acc;
+                }
+            }
+        }
+    }
+    for (int64_t row = 0; row < rows; ++row) {
+        if (row_sum[row] <= 0.f) continue;
+        const float total = row_sum[row];
+        for (int64_t c = 0; c < dv; ++c) o[row * dv + c] /= total;
+    }
+}
+
+// The whole batch. Per request b: pool_rows[b] (row of req_to_token), seq_lens[b],
+// ext_lens[b], starts[b] (first query row in q / o, and first row of k_new / v_new).
+// With threads > 1 the requests are split into that many runs of similar work (a request is
+// never split, so its arithmetic does not depend on the thread count).
+void attend(uintptr_t q, uintptr_t o, uintptr_t k_cache, uintptr_t v_cache, uintptr_t k_new,
+            uintptr_t v_new, uintptr_t req_to_token, uintptr_t pool_rows, uintptr_t seq_lens,
+            uintptr_t ext_lens, uintptr_t starts, uintptr_t tree, int64_t tree_n, int64_t batch,
+            int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t v_dim,
+            int64_t r2t_stride, double scale, double logit_cap, bool kv_bf16, bool causal,
+            int64_t threads) {
+    if (kv_heads <= 0 || heads % kv_heads != 0)
+        throw std::invalid_argument("heads must be a multiple of kv_heads");
+    const Shapes s{heads, kv_heads, head_dim, v_dim, static_cast<float>(scale),
+                   static_cast<float>(logit_cap), kv_bf16, causal};
+    const auto* rows = reinterpret_cast<const int64_t*>(pool_rows);
+    const auto* lens = reinterpret_cast<const int64_t*>(seq_lens);
+    const auto* exts = reinterpret_cast<const int64_t*>(ext_lens);
+    const auto* first = reinterpret_cast<const int64_t*>(starts);
+    const auto* r2t = reinterpret_cast<const int32_t*>(req_to_token);
+    const size_t kv_elem = kv_bf16 ? 2 : 4;
+    std::vector<double> work(static_cast<size_t>(batch) + 1, 0.0);  // prefix sums of the cost
+    for (int64_t b = 0; b < batch; ++b) {
+        if (exts[b] > 0 && lens[b] < exts[b])
+            throw std::invalid_argument("seq_len " + std::to_string(lens[b]) +
+                                        " is shorter than its extend length " + std::to_string(exts[b]));
+        if (tree != 0 && exts[b] > 0 && exts[b] != tree_n)
+            throw std::invalid_argument("a tree batch extends every request by n");
+        work[b + 1] = work[b] + (exts[b] > 0 ? static_cast<double>(lens[b]) * exts[b] : 0.0);
+    }
+    auto run = [&](int64_t lo, int64_t hi) {
+        for (int64_t b = lo; b < hi; ++b) {
+            const int64_t ext = exts[b];
+            if (ext <= 0) continue;
+            const int64_t start = first[b];
+            const uint8_t* tree_b = tree ? reinterpret_cast<const uint8_t*>(tree) + b * tree_n * tree_n : nullptr;
+            const char* kn = k_new ? reinterpret_cast<const char*>(k_new) + start * kv_heads * head_dim * kv_elem : nullptr;
+            const char* vn = v_new ? reinterpret_cast<const char*>(v_new) + start * kv_heads * v_dim * kv_elem : nullptr;
+            attend_request(s, reinterpret_cast<const float*>(q) + start * heads * head_dim,
+                           reinterpret_cast<float*>(o) + start * heads * v_dim,
+                           reinterpret_cast<const void*>(k_cache), reinterpret_cast<const void*>(v_cache),
+                           kn, vn, r2t + rows[b] * r2t_stride, lens[b], ext, tree_b);
+        }
+    };
+    py::gil_scoped_release release;
+    const int64_t parts = std::min<int64_t>(std::max<int64_t>(threads, 1), batch);
+    if (parts <= 1) {
+        run(0, batch);
+        return;
+    }
+    std::vector<int64_t> bounds{0};
+    for (int64_t part = 1, b = 0; part < parts; ++part) {
+        const double target = work[batch] * part / parts;
+        while (b < batch && work[b + 1] <= target) ++b;
+        bounds.push_back(std::max(b, bounds.back()));
+    }
+    bounds.push_back(batch);
+    std::vector<std::exception_ptr> errors(static_cast<size_t>(parts));
+    auto guarded = [&](int64_t part) {
+        try {
+            run(bounds[part], bounds[part + 1]);
+        } catch (...) {
+            errors[part] = std::current_exception();
+        }
+    };
+    std::vector<std::thread> pool;
+    for (int64_t part = 0; part + 1 < parts; ++part) pool.emplace_back(guarded, part);
+    guarded(parts - 1);
+    for (auto& t : pool) t.join();
+    for (auto& e : errors)
+        if (e) std::rethrow_exception(e);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_rhyme_attention, m) {
+    m.doc() = "Paged CPU attention over sglang's KV pool (see paged_attention.cpp)";
+    m.def("attend", &attend);
+}
