@@ -15,7 +15,7 @@ export SGLANG_USE_CPU_ENGINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
 # uv installs the pinned packages (pip took ~4 of set-up's ~6.5 minutes); pip stays for the
-# editable install (it builds the native trie with this venv's setuptools and pybind11).
+# editable install (it builds the native trie and attention kernel with this venv's setuptools and pybind11).
 UV_VERSION      := 0.13.8
 UV              := $(VENV)/bin/uv
 UV_INSTALL      := $(UV) pip install -q --python $(VPY)
@@ -32,7 +32,7 @@ TEST_NO_DEPS_PKGS := openrlhf==0.11.2
 
 setup: $(STAMP)
 
-$(STAMP): requirements/cpu.lock pyproject.toml $(wildcard setup.py)
+$(STAMP): requirements/cpu.lock pyproject.toml $(wildcard setup.py) $(wildcard rhyme_sglang/*/_native/*.cpp)
 	@echo ">> creating $(VENV) (CPU torch $(TORCH_VERSION), sglang $(SGLANG_VERSION) --no-deps)"
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) uv==$(UV_VERSION) $(PIP_FILTER)

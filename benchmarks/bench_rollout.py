@@ -193,7 +193,8 @@ def trajectory(model_path, dtype, prompts, tok, args, report) -> tuple:
     from rl_driver.rewards import reasoning_gym_reward
     from rl_driver.trainer import Trainer
 
-    trainer = Trainer(model_path, TrainConfig(lr=args.lr, micro_batch_size=4), seed=args.seed)
+    trainer = Trainer(model_path, TrainConfig(lr=args.lr, micro_batch_size=4), seed=args.seed,
+                      engine_dtype=args.dtype)
     checkpoints, trace = {0: model_path}, []
     engine = Engine(model_path=model_path, dtype=dtype, log_level="error",
                     max_running_requests=args.max_running, **MODES["vanilla"])

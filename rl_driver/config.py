@@ -262,9 +262,7 @@ class RunConfig:
         dtype = pick(self.engine.dtype)
         autocast = self.train.autocast_bf16
         if autocast == "auto":
-            # an auto-chosen bf16 is native already; an explicit one is checked by the probe
-            autocast = dtype == "bfloat16" and (self.engine.dtype == "auto"
-                                                or pick("auto") == "bfloat16")
+            autocast = trainer_autocast(self.engine.dtype, pick)
         threads = machine.choose_scheduler_threads(self.engine.cpu_threads or None, cores,
                                                    self.engine.num_engines)
         return self.replace(
@@ -278,6 +276,17 @@ class RunConfig:
         return (f"dtype {self.engine.dtype}, engine threads {self.engine.cpu_threads} x "
                 f"{self.engine.num_engines} engine(s), trainer threads {self.train.num_threads}, "
                 f"trainer autocast bf16 {'on' if self.train.autocast_bf16 else 'off'}")
+
+
+def trainer_autocast(engine_dtype: str, pick=None) -> bool:
+    """What ``train.autocast_bf16: auto`` means for engines asked to run ``engine_dtype``:
+    true iff they run bf16 (``pick(engine_dtype)``, default the measured
+    :func:`rhyme_sglang.machine.resolve_dtype`) and this machine computes bf16 natively, so
+    rollout and trainer logprobs come from the same number format."""
+    if pick is None:
+        from rhyme_sglang.machine import resolve_dtype as pick
+    # an auto-chosen bf16 is native already; an explicit one is checked by the probe
+    return pick(engine_dtype) == "bfloat16" and (engine_dtype == "auto" or pick("auto") == "bfloat16")
 
 
 SECTIONS = {"engine": EngineConfig, "rollout": RolloutConfig, "task": TaskConfig,

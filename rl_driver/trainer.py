@@ -12,8 +12,9 @@ a micro-batch runs each distinct prompt once, gathers its KV (still in the autog
 every response row, and runs the responses on top: the same logprobs and gradients as a
 forward of prompt + response per sample, with the prompt computed once per group.
 
-Threads: ``num_threads`` 0 = every usable core; ``autocast_bf16: auto`` = on only where
-:func:`rhyme_sglang.machine.resolve_dtype` picks bf16 (native bf16 GEMMs).
+Threads: ``num_threads`` 0 = every usable core; ``autocast_bf16: auto`` = on only where the
+engines (``engine_dtype``) run bf16 and the machine computes it natively
+(:func:`rl_driver.config.trainer_autocast`), so trainer and rollout logprobs share a format.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from rl_driver.config import TrainConfig
+from rl_driver.config import TrainConfig, trainer_autocast
 from rl_driver.grpo import LossConfig, grpo_loss, token_logprobs
 
 logger = logging.getLogger(__name__)
@@ -94,17 +95,20 @@ class Trainer:
     """Policy model + optimizer. ``samples`` are dicts with ``prompt_ids``, ``response_ids``,
     ``logprobs`` (rollout, one per response token) and ``advantage``."""
 
-    def __init__(self, model_path: str, config: TrainConfig, seed: int = 0):
+    def __init__(self, model_path: str, config: TrainConfig, seed: int = 0,
+                 engine_dtype: str = "auto"):
+        """``engine_dtype``: what the rollout engines were asked to run (``autocast_bf16: auto``
+        follows them; a resolved :class:`RunConfig` has made it true or false already)."""
         from transformers import AutoModelForCausalLM
 
-        from rhyme_sglang.machine import choose_trainer_threads, resolve_dtype, usable_cores
+        from rhyme_sglang.machine import choose_trainer_threads, usable_cores
 
         self.num_threads = choose_trainer_threads(config.num_threads, usable_cores())
         torch.set_num_threads(self.num_threads)
         torch.manual_seed(seed)
         self.config = config
         self.autocast = (config.autocast_bf16 if isinstance(config.autocast_bf16, bool)
-                         else resolve_dtype("auto") == "bfloat16")
+                         else trainer_autocast(engine_dtype))
         self._progress = (0, 0)
         self.model_path = model_path
         dtype = getattr(torch, config.dtype)

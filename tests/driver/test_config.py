@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_driver.config import ConfigError, config_from_dict, load_config
+from rl_driver.config import ConfigError, config_from_dict, load_config, trainer_autocast
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -77,6 +77,14 @@ def test_cli_reports_bad_config(tmp_path, capsys):
 def _pick(fast_bf16: bool):
     return lambda requested: requested if requested != "auto" else (
         "bfloat16" if fast_bf16 else "float32")
+
+
+def test_trainer_autocast_follows_the_engines_dtype():
+    """The rule a Trainer built outside a RunConfig (bench_rollout) applies to ``auto`` too."""
+    for fast in (True, False):
+        assert trainer_autocast("float32", _pick(fast)) is False
+        assert trainer_autocast("auto", _pick(fast)) is fast
+        assert trainer_autocast("bfloat16", _pick(fast)) is fast
 
 
 def test_auto_dtype_autocast_and_threads_resolve_by_machine():
