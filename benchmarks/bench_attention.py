@@ -83,8 +83,6 @@ def _best_ms(fn, repeats: int) -> float:
 def ops_side_by_side(cases, tree_n: int, repeats: int) -> dict:
     import torch
 
-    from rhyme_sglang.cpu_backend import attention
-
     results = {}
     for dtype in (torch.float32, torch.bfloat16):
         for kind, n in (("decode", 0), (f"verify{tree_n}", tree_n)):

@@ -286,11 +286,12 @@ def _native_attend(q, o, k_buffer, v_buffer, req_to_token, pool_rows, seq_lens, 
                    k_buffer.dtype == torch.bfloat16, bool(is_causal), torch.get_num_threads())
     if not direct:  # copy back the requests' rows only
         ext, first = longs[2].clamp(min=0), longs[3]
+        packed_first = torch.cumsum(ext, 0) - ext  # where each request's rows start if packed
         total = int(ext.sum())
-        if torch.equal(first, torch.cumsum(ext, 0) - ext) and total:  # rows 0 .. total-1
+        if total and torch.equal(first, packed_first):  # rows 0 .. total-1
             o[:total].copy_(out[:total])
         elif total:
-            rows = torch.repeat_interleave(first - (torch.cumsum(ext, 0) - ext), ext) + torch.arange(total)
+            rows = torch.repeat_interleave(first - packed_first, ext) + torch.arange(total)
             o.index_copy_(0, rows, out.index_select(0, rows).to(o.dtype))
 
 
@@ -317,16 +318,18 @@ def extend_attention_cpu(
     if tree_mask is not None:
         tree = tree_mask.reshape(-1)[: bsz * lq * lq].view(bsz, lq, lq).bool()
     if _native_fits(q, k_buffer, v_buffer, req_to_token):
-        short = [n <= NATIVE_MAX_EXTEND or tree is not None for n in ext_l]
-        if any(short):
-            sel = torch.tensor([i for i, s in enumerate(short) if s])
-            pick = (lambda x: x) if all(short) else (lambda x: x[sel])  # noqa: E731
-            _native_attend(q, o, k_buffer, v_buffer, req_to_token, pick(req_pool_indices),
-                           pick(seq_lens), pick(extend_seq_lens), pick(extend_start_loc),
-                           sm_scale, logit_cap, is_causal, k, v, tree)
-            if all(short):
-                return
-            rest = torch.tensor([i for i, s in enumerate(short) if not s])
+        # a tree batch goes native whole; else the requests extending by <= NATIVE_MAX_EXTEND
+        short = torch.tensor([tree is not None or n <= NATIVE_MAX_EXTEND for n in ext_l])
+        if bool(short.all()):
+            _native_attend(q, o, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens,
+                           extend_seq_lens, extend_start_loc, sm_scale, logit_cap, is_causal,
+                           k, v, tree)
+            return
+        if bool(short.any()):  # the short ones native, the rest (prefills) by SDPA below
+            _native_attend(q, o, k_buffer, v_buffer, req_to_token, req_pool_indices[short],
+                           seq_lens[short], extend_seq_lens[short], extend_start_loc[short],
+                           sm_scale, logit_cap, is_causal, k, v)
+            rest = ~short
             req_pool_indices, seq_lens = req_pool_indices[rest], seq_lens[rest]
             extend_seq_lens, extend_start_loc = extend_seq_lens[rest], extend_start_loc[rest]
             seq_l, ext_l = seq_lens.tolist(), extend_seq_lens.tolist()
