@@ -31,10 +31,11 @@ STANDIN_PACKAGE = "rhyme_sglang.cpu_backend.standin"
 _PATCHED_MODULES = (
     "sglang.srt.arg_groups.overrides",
     "sglang.srt.speculative.eagle_utils",
+    "sglang.srt.layers.sampler",
     "sglang.srt.layers.quantization.unquant",
     "sglang.srt.layers.logits_processor",
     "sglang.srt.model_executor.model_runner_components.weight_updater",
-)
+)  # the keys of ``patches._BY_MODULE`` (kept apart so start-up imports nothing more)
 
 
 class _HookedLoader(importlib.abc.Loader):

@@ -84,6 +84,12 @@ def test_disable_switch():
     assert r.returncode == 0, r.stderr
 
 
+def test_every_patch_has_its_module_hooked():
+    from rhyme_sglang.cpu_backend import bootstrap, patches
+
+    assert set(bootstrap._PATCHED_MODULES) == set(patches._BY_MODULE)
+
+
 @pytest.mark.sglang
 def test_patches_apply_in_a_fresh_process():
     r = _run("""
@@ -94,11 +100,11 @@ def test_patches_apply_in_a_fresh_process():
         from sglang.srt.speculative import eagle_utils
         from sglang.srt.arg_groups import overrides
         from sglang.srt.layers.quantization import unquant
-        from sglang.srt.layers import logits_processor
+        from sglang.srt.layers import logits_processor, sampler
         from sglang.srt.model_executor.model_runner_components import weight_updater
         from rhyme_sglang.cpu_backend import linear, patches
         assert patches.APPLIED == {"keep_intel_amx_attention", "lossless_sampling_verify",
-                                   "packed_cpu_linear", "packed_cpu_lm_head",
+                                   "fast_cpu_sampling", "packed_cpu_linear", "packed_cpu_lm_head",
                                    "repack_after_weight_updates"}, patches.APPLIED
         # every weight-update entry point marks the packs stale, even when it fails
         for name in patches._UPDATE_METHODS:
@@ -109,6 +115,10 @@ def test_patches_apply_in_a_fresh_process():
                 pass
             assert linear.generation() == before + 1, name
         assert eagle_utils.tree_speculative_sampling_target_only is not None
+        import torch
+        probs = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 2.0]])
+        assert sampler.sampling_from_probs_torch(probs).tolist() == [1, 2]
+        assert sampler.sampling_from_probs_torch(probs).dtype == torch.int32
         assert not eagle_utils._verify_uses_greedy(is_all_greedy=False, is_cpu=True, is_hip=False,
                                                    is_xpu=False, use_rejection_sampling=False)
         print("ok")

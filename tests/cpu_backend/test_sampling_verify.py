@@ -7,6 +7,7 @@ import torch
 
 from rhyme_sglang.cpu_backend.sampling import (
     sample_residual,
+    sample_rows,
     top_k_renorm_prob,
     top_p_renorm_prob,
     tree_speculative_sampling_target_only,
@@ -106,3 +107,35 @@ def test_sample_residual_never_picks_zero_mass():
     assert picks == {1, 3}
     with pytest.raises(ValueError):
         sample_residual(torch.zeros(3), 0.5)
+
+
+def test_sample_rows_draws_each_row_from_its_own_distribution():
+    """Chi-square against the exact distribution, per row; rows unnormalised, with zeros and a
+    token of tiny mass among large ones."""
+    from tests.helpers import goodness_of_fit_pvalue
+
+    torch.manual_seed(0)
+    rows = torch.tensor([[0.5, 0.2, 0.2, 0.1, 0.0],
+                         [0.0, 3.0, 0.0, 1.0, 0.0],   # unnormalised: mass 4
+                         [0.02, 0.0, 0.0, 0.0, 0.98]])
+    draws = torch.cat([sample_rows(rows) for _ in range(4000)], dim=1)  # [3, 4000]
+    assert draws.dtype == torch.int64
+    for row, sample in zip(rows, draws.tolist()):
+        exact = {k: float(p / row.sum()) for k, p in enumerate(row.tolist()) if p > 0}
+        assert goodness_of_fit_pvalue(sample, exact) > 1e-4, (row, exact)
+
+
+def test_sample_rows_never_picks_zero_mass_even_at_the_largest_coin(monkeypatch):
+    probs = torch.tensor([[0.0, 0.25, 0.75, 0.0, 0.0], [0.4, 0.6, 0.0, 0.0, 0.0]])
+    largest = 1.0 - 2.0 ** -53  # the largest double torch.rand can return
+    monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.full(shape, largest, **kw))
+    assert sample_rows(probs).view(-1).tolist() == [2, 1]
+    monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.zeros(shape, **kw))
+    assert sample_rows(probs).view(-1).tolist() == [1, 0]
+
+
+def test_sample_rows_matches_multinomial_shape_and_refuses_bad_shapes():
+    probs = torch.softmax(torch.randn(7, 49152), dim=-1)
+    assert sample_rows(probs).shape == torch.multinomial(probs, 1).shape == (7, 1)
+    with pytest.raises(ValueError, match="batch, vocab"):
+        sample_rows(torch.ones(3))
