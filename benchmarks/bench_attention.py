@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from benchmarks.common import write_json
+from benchmarks.common import servers_side_by_side, write_json
 
 OP_CASES = [(1, 128), (1, 1024), (8, 512), (32, 128), (32, 512), (32, 1024)]  # (batch, context)
 ENGINE_BATCHES = (1, 8, 32)
@@ -100,54 +100,6 @@ def ops_side_by_side(cases, tree_n: int, repeats: int) -> dict:
     return results
 
 
-def engine_side_by_side(model_path: str, dtype: str, vocab: int, prompt_len: int,
-                        new_tokens: int, seed: int, rounds: int) -> dict:
-    """Two vanilla servers up at once (torch / native attention); at each batch their rounds
-    alternate (an idle server sleeps), so machine noise falls on both; medians are reported."""
-    import statistics
-
-    from benchmarks.bench_cpu_engine import _prompts, _round
-    from rhyme_sglang.server_process import ServerProcess
-
-    prompts = _prompts(vocab, max(ENGINE_BATCHES), prompt_len, seed)
-    impls = ("torch", "native")
-    servers = {}
-    try:
-        for impl in impls:
-            os.environ["RHYME_CPU_ATTENTION"] = impl  # the server process inherits it
-            servers[impl] = ServerProcess(["--model-path", model_path, "--dtype", dtype],
-                                          f"/tmp/bench_attention_{impl}.log")
-        os.environ.pop("RHYME_CPU_ATTENTION", None)
-        for srv in servers.values():
-            srv.wait_ready(timeout=600)
-            _round(srv.url, prompts[:4], 4)  # warm-up
-        out = {impl: {"tok_s": {}, "plain_step_s": {}} for impl in impls}
-        for b in ENGINE_BATCHES:
-            full_s = {impl: [] for impl in impls}
-            one_s = {impl: [] for impl in impls}
-            for impl in impls:
-                _round(servers[impl].url, prompts[:b], 1)  # prefill once: the prompts stay cached
-            for _ in range(rounds):
-                for impl in impls:
-                    elapsed, tokens = _round(servers[impl].url, prompts[:b], new_tokens)
-                    full_s[impl].append(elapsed)
-                    one_s[impl].append(_round(servers[impl].url, prompts[:b], 1)[0])
-            for impl in impls:
-                full, one = statistics.median(full_s[impl]), statistics.median(one_s[impl])
-                out[impl]["tok_s"][str(b)] = b * new_tokens / full
-                out[impl]["plain_step_s"][str(b)] = max(full - one, 1e-9) / (new_tokens - 1)
-            print(f"  engine, batch {b}: " + ", ".join(
-                f"{impl} {out[impl]['tok_s'][str(b)]:.1f} tok/s "
-                f"({out[impl]['plain_step_s'][str(b)] * 1e3:.0f} ms/step)" for impl in impls), flush=True)
-    finally:
-        os.environ.pop("RHYME_CPU_ATTENTION", None)
-        for srv in servers.values():
-            srv.stop()
-    out["native_over_torch_tok_s"] = {b: out["native"]["tok_s"][b] / out["torch"]["tok_s"][b]
-                                      for b in out["native"]["tok_s"]}
-    return out
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_attention")
     parser.add_argument("--model", default="smollm2")
@@ -192,8 +144,12 @@ def main(argv=None) -> int:
         vocab = AutoConfig.from_pretrained(model_path).vocab_size
         report.update(dtype=dtype, model=args.model, prompt_len=args.prompt_len,
                       max_new_tokens=args.max_new_tokens)
-        report["engine"] = engine_side_by_side(model_path, dtype, vocab, args.prompt_len,
-                                               args.max_new_tokens, args.seed, args.rounds)
+        from benchmarks.bench_cpu_engine import _prompts
+
+        prompts = _prompts(vocab, max(ENGINE_BATCHES), args.prompt_len, args.seed)
+        report["engine"] = servers_side_by_side(
+            model_path, dtype, "RHYME_CPU_ATTENTION", ("torch", "native"), prompts,
+            ENGINE_BATCHES, args.max_new_tokens, args.rounds, log_prefix="/tmp/bench_attention")
         print("engine tok/s, native / torch attention: " + ", ".join(
             f"batch {b}: x{r:.2f}" for b, r in report["engine"]["native_over_torch_tok_s"].items()))
     write_json(args.json, report)

@@ -63,12 +63,12 @@ def hf_throughput(model_path: str, dtype: str, prompts, batches, new_tokens: int
 
 
 # ---- servers ---------------------------------------------------------------------------------
-def _round(url: str, prompts, tokens: int) -> tuple[float, int]:
+def _round(url: str, prompts, tokens: int, temperature: float = 0.0) -> tuple[float, int]:
     from rhyme_sglang.server_process import post
 
     def one(p):
         return post(url + "/generate", {"input_ids": p, "sampling_params": {
-            "temperature": 0.0, "max_new_tokens": tokens, "ignore_eos": True}}, timeout=900)
+            "temperature": temperature, "max_new_tokens": tokens, "ignore_eos": True}}, timeout=900)
 
     start = time.perf_counter()
     with cf.ThreadPoolExecutor(len(prompts)) as pool:

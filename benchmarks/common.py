@@ -11,3 +11,57 @@ def write_json(path, report: dict) -> None:
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(report, indent=2, default=str))
+
+
+def servers_side_by_side(model_path: str, dtype: str, env_name: str, impls: tuple[str, str],
+                         prompts, batches, new_tokens: int, rounds: int,
+                         temperature: float = 0.0, log_prefix: str = "/tmp/bench") -> dict:
+    """Two vanilla SGLang servers of one model up at once, differing only in ``env_name``
+    (``impls[0]`` is the baseline, ``impls[1]`` the candidate). At each batch their rounds
+    alternate (an idle server sleeps), so machine noise falls on both; medians are reported:
+    tok/s of a ``new_tokens`` round and seconds per plain decode step (a full round minus a
+    one-token round, over ``new_tokens - 1`` steps). The prompts are prefilled once first, so
+    they are cached in every timed round."""
+    import os
+    import statistics
+
+    from benchmarks.bench_cpu_engine import _round
+    from rhyme_sglang.server_process import ServerProcess
+
+    servers = {}
+    try:
+        for impl in impls:
+            os.environ[env_name] = impl  # the server process inherits it
+            servers[impl] = ServerProcess(["--model-path", model_path, "--dtype", dtype],
+                                          f"{log_prefix}_{impl}.log")
+        os.environ.pop(env_name, None)
+        for srv in servers.values():
+            srv.wait_ready(timeout=600)
+            _round(srv.url, prompts[:4], 4, temperature)  # warm-up
+        out = {impl: {"tok_s": {}, "plain_step_s": {}} for impl in impls}
+        for b in batches:
+            full_s = {impl: [] for impl in impls}
+            one_s = {impl: [] for impl in impls}
+            for impl in impls:
+                _round(servers[impl].url, prompts[:b], 1, temperature)
+            for _ in range(rounds):
+                for impl in impls:
+                    full_s[impl].append(_round(servers[impl].url, prompts[:b], new_tokens,
+                                               temperature)[0])
+                    one_s[impl].append(_round(servers[impl].url, prompts[:b], 1, temperature)[0])
+            for impl in impls:
+                full, one = statistics.median(full_s[impl]), statistics.median(one_s[impl])
+                out[impl]["tok_s"][str(b)] = b * new_tokens / full
+                out[impl]["plain_step_s"][str(b)] = max(full - one, 1e-9) / (new_tokens - 1)
+            print(f"  engine, batch {b}: " + ", ".join(
+                f"{impl} {out[impl]['tok_s'][str(b)]:.1f} tok/s "
+                f"({out[impl]['plain_step_s'][str(b)] * 1e3:.0f} ms/step)" for impl in impls),
+                flush=True)
+    finally:
+        os.environ.pop(env_name, None)
+        for srv in servers.values():
+            srv.stop()
+    base, cand = impls
+    out[f"{cand}_over_{base}_tok_s"] = {b: out[cand]["tok_s"][b] / out[base]["tok_s"][b]
+                                        for b in out[cand]["tok_s"]}
+    return out

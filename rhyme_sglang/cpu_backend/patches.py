@@ -13,7 +13,8 @@ Applied by :mod:`.bootstrap` right after the target module executes, only while 
 * ``fast_cpu_sampling`` (``sglang.srt.layers.sampler``): plain sampling without top-k/top-p
   (an RL rollout's temperature-only case) draws with :func:`.sampling.sample_rows` instead of
   ``torch.multinomial``, which costs ~1.8 ms a row on CPU at a 49k-token vocabulary. Same
-  distribution; seeded (deterministic) sampling keeps sglang's own path.
+  distribution; seeded (deterministic) sampling keeps sglang's own path, and
+  ``RHYME_CPU_SAMPLING=torch`` keeps it everywhere.
 * ``packed_cpu_linear`` (``sglang.srt.layers.quantization.unquant``) and
   ``packed_cpu_lm_head`` (``sglang.srt.layers.logits_processor``): CPU linears and the
   lm_head run through :mod:`.linear` (oneDNN with packed weights at the row counts where this
@@ -58,6 +59,8 @@ def fast_cpu_sampling(sampler) -> None:
 
     from rhyme_sglang.cpu_backend import sampling
 
+    if sampling.sampling_impl() == "torch":  # RHYME_CPU_SAMPLING=torch: sglang's own draw
+        return
     original = sampler.sampling_from_probs_torch
 
     def sampling_from_probs_torch(probs, sampling_seed=None, positions=None):

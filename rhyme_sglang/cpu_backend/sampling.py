@@ -8,13 +8,29 @@ otherwise ``x_2`` with probability ``p(x_2) / (1 - p(x_1))``, and so on. When ev
 is rejected, the bonus token is drawn from ``p`` with the rejected tokens zeroed and
 renormalised. Each emitted token is therefore distributed exactly as ``p``.
 
+Plain decoding's draw (:func:`sample_rows`, used for sglang's temperature-only sampling on
+CPU) is an exact inverse-CDF draw too, ~10x cheaper than ``torch.multinomial`` here.
+
 ``tree_speculative_sampling_target_only`` has the argument list of sglang's CUDA kernel of
 that name (sglang 0.5.23), so sglang's verify code calls it unchanged.
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
+
+SAMPLING_IMPLS = ("inverse_cdf", "torch")
+
+
+def sampling_impl() -> str:
+    """Plain sampling's draw on CPU (``RHYME_CPU_SAMPLING``): ``inverse_cdf`` (the default,
+    :func:`sample_rows`) or ``torch`` (sglang's ``torch.multinomial``)."""
+    choice = os.environ.get("RHYME_CPU_SAMPLING", "inverse_cdf")
+    if choice not in SAMPLING_IMPLS:
+        raise ValueError(f"RHYME_CPU_SAMPLING must be one of {SAMPLING_IMPLS}, got {choice!r}")
+    return choice
 
 
 def _as_row_values(values, num_rows: int) -> list:

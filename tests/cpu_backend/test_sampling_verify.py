@@ -8,6 +8,7 @@ import torch
 from rhyme_sglang.cpu_backend.sampling import (
     sample_residual,
     sample_rows,
+    sampling_impl,
     top_k_renorm_prob,
     top_p_renorm_prob,
     tree_speculative_sampling_target_only,
@@ -139,3 +140,13 @@ def test_sample_rows_matches_multinomial_shape_and_refuses_bad_shapes():
     assert sample_rows(probs).shape == torch.multinomial(probs, 1).shape == (7, 1)
     with pytest.raises(ValueError, match="batch, vocab"):
         sample_rows(torch.ones(3))
+
+
+def test_sampling_impl_env_is_checked(monkeypatch):
+    monkeypatch.delenv("RHYME_CPU_SAMPLING", raising=False)
+    assert sampling_impl() == "inverse_cdf"
+    monkeypatch.setenv("RHYME_CPU_SAMPLING", "torch")
+    assert sampling_impl() == "torch"
+    monkeypatch.setenv("RHYME_CPU_SAMPLING", "fast")
+    with pytest.raises(ValueError, match="'fast'"):
+        sampling_impl()
