@@ -197,7 +197,8 @@ def trajectory(model_path, dtype, prompts, tok, args, report) -> tuple:
                       engine_dtype=args.dtype)
     checkpoints, trace = {0: model_path}, []
     engine = Engine(model_path=model_path, dtype=dtype, log_level="error",
-                    max_running_requests=args.max_running, **MODES["vanilla"])
+                    max_running_requests=args.max_running,
+                    max_total_tokens=args.max_total_tokens, **MODES["vanilla"])
     try:
         for epoch in range(args.epochs):
             if epoch > 0:
@@ -244,7 +245,8 @@ def timed_mode(name, model_path, dtype, prompts, tok, args, checkpoints, trace, 
 
     first = args.timed_from
     engine = Engine(model_path=model_path, dtype=dtype, log_level="error",
-                    max_running_requests=args.max_running, **MODES[name])
+                    max_running_requests=args.max_running,
+                    max_total_tokens=args.max_total_tokens, **MODES[name])
     try:
         if name.startswith("rhyme"):
             added = _import_history(engine, trace, first)
@@ -302,6 +304,10 @@ def main(argv=None) -> int:
     parser.add_argument("--max-new-tokens", type=int, default=1024)
     parser.add_argument("--max-running", type=int, default=64,
                         help="running requests per engine, the same for every mode")
+    parser.add_argument("--max-total-tokens", type=int, default=0,
+                        help="KV pool per engine in tokens; 0 = --max-running requests of the "
+                             "longest prompt plus --max-new-tokens, so the batch is --max-running "
+                             "and not the pool (SGLang reserves KV for max_new_tokens at admission)")
     parser.add_argument("--modes", default="vanilla,ngram,rhyme,rhyme_fixed")
     parser.add_argument("--ordering", action="store_true", help="also run the ordering experiment")
     parser.add_argument("--ordering-datasets", default="chain_sum,gsm_symbolic",
@@ -367,6 +373,10 @@ def main(argv=None) -> int:
         return 0
     counts = [int(c) for c in str(args.prompts).split(",")]
     prompts, tok = build_prompts(model_path, counts, args.datasets.split(","), args.seed)
+    if args.max_total_tokens <= 0:
+        longest = max(len(p.token_ids) for p in prompts)
+        args.max_total_tokens = args.max_running * (longest + args.max_new_tokens)
+    report["config"]["max_total_tokens"] = args.max_total_tokens
     checkpoints, trace = trajectory(model_path, dtype, prompts, tok, args, report)
     write_json(args.json, report)
     for name in modes[1:]:

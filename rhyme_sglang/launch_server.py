@@ -24,7 +24,6 @@ _CPU_FLAGS = (
     ("--attention-backend", "intel_amx"),
     ("--sampling-backend", "pytorch"),
     ("--mem-fraction-static", "0.5"),
-    ("--max-total-tokens", "16384"),
 )
 
 
@@ -86,6 +85,12 @@ def prepare_argv(argv: list[str], cpu_only: bool, dtype_resolver=None) -> list[s
     if not _has_flag(argv, "--host"):
         argv += ["--host", "127.0.0.1"]
     if cpu_only:
+        if not _has_flag(argv, "--max-total-tokens"):  # sized per model and dtype
+            from rhyme_sglang.sglang_ext.cpu_defaults import kv_pool_tokens
+
+            model = _flag_value(argv, "--model-path", _flag_value(argv, "--model", ""))
+            dtype = _flag_value(argv, "--dtype", "float32")
+            argv += ["--max-total-tokens", str(kv_pool_tokens(model, dtype))]
         for flag, value in _CPU_FLAGS:
             if not _has_flag(argv, flag):
                 argv += [flag, value]

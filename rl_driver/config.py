@@ -32,7 +32,9 @@ class EngineConfig:
     rhyme: bool = True
     speculative_num_draft_tokens: int = 17  # widths 1..16 per step (the cost model picks)
     rhyme_schedule_policy: str = "lpt"
-    max_total_tokens: int = 16384
+    # KV pool in tokens; 0 = sized per model and dtype on CPU (cpu_defaults.kv_pool_tokens),
+    # sglang's own sizing on a GPU
+    max_total_tokens: int = 0
     mem_fraction_static: float = 0.5
     sleep_on_idle: bool = True  # idle schedulers block instead of spinning (CPU for the trainer)
     # the driver sends and reads token ids: no detokenizer process work per step (rewards
@@ -52,6 +54,9 @@ class EngineConfig:
                and 1 <= self.speculative_num_draft_tokens <= 64,
                "engine.speculative_num_draft_tokens", self.speculative_num_draft_tokens,
                "must be an int in [1, 64]")
+        _check(isinstance(self.max_total_tokens, int) and self.max_total_tokens >= 0,
+               "engine.max_total_tokens", self.max_total_tokens, "must be an int >= 0 (0 = sized "
+               "per model)")
         _check(0 < self.mem_fraction_static < 1, "engine.mem_fraction_static",
                self.mem_fraction_static, "must be in (0, 1)")
         _check(isinstance(self.skip_tokenizer_init, bool), "engine.skip_tokenizer_init",
@@ -62,7 +67,8 @@ class EngineConfig:
         args: Dict[str, Any] = dict(
             model_path=model_path, dtype=self.dtype, cpu_threads=self.cpu_threads or None,
             log_level="warning",
-            max_total_tokens=self.max_total_tokens, mem_fraction_static=self.mem_fraction_static,
+            max_total_tokens=self.max_total_tokens or None,
+            mem_fraction_static=self.mem_fraction_static,
             sleep_on_idle=self.sleep_on_idle, skip_tokenizer_init=self.skip_tokenizer_init,
         )
         if self.rhyme:

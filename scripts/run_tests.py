@@ -87,10 +87,21 @@ def passed(rc: int) -> bool:
     return rc in (0, 5)
 
 
+DURATIONS = 8  # each job lists its slowest tests (``--durations``), so a log shows where time went
+
+
 def _summary(lines: list[str]) -> list[str]:
-    """A passed job's summary: pytest's closing lines (counts, skips, xfails)."""
-    return [ln for ln in lines[-15:]
-            if ln.startswith(("=", "SKIPPED", "XFAIL")) or " passed" in ln or " skipped" in ln]
+    """A passed job's summary: pytest's slowest-durations table, if any, then its closing
+    lines (counts, skips, xfails)."""
+    slowest = []
+    for i, line in enumerate(lines):
+        if "slowest" in line and "durations" in line:
+            for row in lines[i + 1:]:
+                if not row.strip() or row.startswith("="):
+                    break
+                slowest.append(row)
+    return slowest + [ln for ln in lines[-15:] if ln.startswith(("=", "SKIPPED", "XFAIL"))
+                      or " passed" in ln or " skipped" in ln]
 
 
 def _clock(seconds: float) -> str:
@@ -117,7 +128,9 @@ class Runner:
             started = time.monotonic()
             with open(log, "w") as fh:
                 pin_lane = (lambda: os.sched_setaffinity(0, cpus)) if pin else None
-                rc = subprocess.call([sys.executable, "-m", "pytest", "-q", *args,
+                durations = ([] if any(a.startswith("--durations") for a in self.pytest_args)
+                             else [f"--durations={DURATIONS}"])
+                rc = subprocess.call([sys.executable, "-m", "pytest", "-q", *args, *durations,
                                       *self.pytest_args], cwd=ROOT, stdout=fh,
                                      stderr=subprocess.STDOUT, preexec_fn=pin_lane)
             took = time.monotonic() - started

@@ -44,3 +44,13 @@ def test_lanes_from_the_environment(monkeypatch):
         run_tests.default_lanes()
     monkeypatch.delenv("RHYME_TEST_LANES")
     assert run_tests.default_lanes() == max(1, len(os.sched_getaffinity(0)) // 2)
+
+
+def test_passed_job_summary_keeps_the_slowest_tests_and_the_counts():
+    log = ["....", "=== slowest 2 durations ===", "12.00s call     tests/a.py::test_x",
+           "3.00s setup    tests/b.py::test_y", "", "(1 durations < 0.005s hidden.)",
+           "4 passed in 15.1s"]
+    assert run_tests._summary(log) == ["12.00s call     tests/a.py::test_x",
+                                "3.00s setup    tests/b.py::test_y",
+                                "=== slowest 2 durations ===", "4 passed in 15.1s"]
+    assert run_tests._summary(["..", "2 passed in 1.0s"]) == ["2 passed in 1.0s"]
