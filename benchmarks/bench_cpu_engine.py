@@ -8,7 +8,8 @@ tokens, ``--max-new-tokens`` tokens each with ignore_eos):
    decode step time at batch 1..32 (a full round minus a one-token round, per step);
 3. a RHYME server verifying ``--verify-width`` draft tokens per request (a forward of width + 1
    tokens per request): for each batch a history round, then the same prompts again (perfect
-   history); verify/plain from its ``/rhyme/stats`` cost model;
+   history); verify/plain from its ``/rhyme/stats`` cost model (where the model never chose a
+   plain step at a batch, the plain cost is the vanilla server's; ``plain_source`` in the JSON);
 4. the roofline, measured here with the engine's threads: stream bandwidth (a large copy) and
    the time of the model's linear layers at each row count (GEMMs on the real shapes, weights
    hot in cache). A step's bound is max(weight bytes / bandwidth, GEMM time); attention and
@@ -116,8 +117,14 @@ def step_costs(cost_model: dict, bucket: str, width: int):
 
 
 def rhyme_server(model_path: str, dtype: str, vocab: int, prompt_len: int, new_tokens: int,
-                 width: int, seed: int) -> dict:
-    """verify/plain at PLAIN_BATCHES, each from a history round then a perfect-history round."""
+                 width: int, seed: int, vanilla_step_s: dict | None = None) -> dict:
+    """verify/plain at PLAIN_BATCHES, each from a history round then a perfect-history round.
+
+    Both costs come from the RHYME engine's cost model. Its plain cell at a batch exists only if
+    the model chose a plain step there; where it never did (drafts from the other prompts'
+    history can make every step of both rounds a verify: seen once at batch 32 on the tiny
+    model), the plain cost is the vanilla server's measured plain step at that batch
+    (``vanilla_step_s``, per whole step), and ``plain_source`` says so."""
     from rhyme_sglang.server_process import ServerProcess, get
 
     # --rhyme-cost-cache 0: the cost model's step costs are what this benchmark measures, so
@@ -129,7 +136,7 @@ def rhyme_server(model_path: str, dtype: str, vocab: int, prompt_len: int, new_t
     try:
         srv.wait_ready(timeout=600)
         _round(srv.url, _prompts(vocab, 4, prompt_len, seed + 99), 8)  # warm-up
-        ratio, tok_s, raw = {}, {}, {}
+        ratio, tok_s, raw, source = {}, {}, {}, {}
         for b in PLAIN_BATCHES:
             prompts = _prompts(vocab, b, prompt_len, seed + b)
             _round(srv.url, prompts, new_tokens)  # history
@@ -139,10 +146,14 @@ def rhyme_server(model_path: str, dtype: str, vocab: int, prompt_len: int, new_t
             if status != 200:
                 raise RuntimeError(f"/rhyme/stats: {status} {stats}")
             spec, plain = step_costs(stats.get("cost_model", {}), str(b), width)
+            source[str(b)] = "cost_model"
+            if not plain and vanilla_step_s and vanilla_step_s.get(str(b)):
+                plain, source[str(b)] = vanilla_step_s[str(b)] / b, "vanilla_server"
             if spec and plain:
                 ratio[str(b)] = spec / plain
                 raw[str(b)] = {"verify": spec, "plain": plain}
-        return {"verify_over_plain": ratio, "perfect_history_tok_s": tok_s, "cost_model_s": raw}
+        return {"verify_over_plain": ratio, "perfect_history_tok_s": tok_s, "cost_model_s": raw,
+                "plain_source": source}
     finally:
         srv.stop()
 
@@ -271,7 +282,7 @@ def main(argv=None) -> int:
     roof = roofline(model_path, dtype, list(PLAIN_BATCHES) + [b * rows for b in VERIFY_ROOFLINE_BATCHES])
     vanilla = vanilla_server(model_path, dtype, prompts, args.max_new_tokens)
     rhyme = rhyme_server(model_path, dtype, vocab, args.prompt_len, args.max_new_tokens, width,
-                         args.seed)
+                         args.seed, vanilla["plain_step_s"])
 
     plain_s = vanilla["plain_step_s"]
     ratio = rhyme["verify_over_plain"]
@@ -285,7 +296,7 @@ def main(argv=None) -> int:
                        for b in VERIFY_ROOFLINE_BATCHES if str(b) in ratio},
         },
         "plain_step_s": plain_s, "perfect_history_tok_s": rhyme["perfect_history_tok_s"],
-        "cost_model_s": rhyme["cost_model_s"],
+        "cost_model_s": rhyme["cost_model_s"], "plain_source": rhyme["plain_source"],
         "roofline": roof,
     }
     print(f"bench_cpu_engine {args.model} {dtype}, {threads} thread(s), CPU flags "

@@ -56,15 +56,45 @@ class ServerProcess:
 
     module = "rhyme_sglang.launch_server"
 
+    # a free port can be taken between _free_port() and the server's bind (by another process
+    # or one of the server's own internal sockets): seen as uvicorn's "[Errno 98] ... address
+    # already in use" while the scheduler lives on, so the server never turns healthy
+    PORT_TAKEN = "address already in use"
+    PORT_RETRIES = 2
+
     def __init__(self, args: list[str], log_path: str):
+        self._args = list(args)
+        self._log = open(log_path, "w")
+        self._launch()
+
+    def _launch(self) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self._log = open(log_path, "w")
+        self._log_start = self._log.tell()
         env = dict(os.environ, OMP_NUM_THREADS="1", SGLANG_USE_CPU_ENGINE="1")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", self.module, *self.base_args(), *args],
+            [sys.executable, "-m", self.module, *self.base_args(), *self._args],
             stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )
+
+    def _port_taken(self) -> bool:
+        """This launch's log reports that its port was taken before it could bind."""
+        try:
+            with open(self._log.name, errors="replace") as fh:
+                fh.seek(self._log_start)
+                return self.PORT_TAKEN in fh.read().lower()
+        except OSError:
+            return False
+
+    def _kill(self) -> None:
+        import signal
+
+        with contextlib.suppress(ProcessLookupError):  # the group is gone already
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
 
     def base_args(self) -> list[str]:
         return ["--port", str(self.port), "--log-level", "warning"]
@@ -73,9 +103,19 @@ class ServerProcess:
         return get(self.url + "/health", timeout=2)[0] == 200
 
     def wait_ready(self, timeout: float = 180.0) -> None:
-        deadline = time.monotonic() + timeout
+        """Poll ``/health`` until it answers 200; a launch whose port was taken is restarted on
+        another port (at most ``PORT_RETRIES`` times, within the same ``timeout``)."""
+        deadline, retries = time.monotonic() + timeout, self.PORT_RETRIES
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
+            exited = self.proc.poll() is not None  # before reading the log: then it is whole
+            if retries and self._port_taken():
+                retries -= 1
+                self._kill()
+                self._log.flush()
+                self._log.seek(0, os.SEEK_END)
+                self._launch()
+                continue
+            if exited:
                 raise RuntimeError(f"{self.module} exited early; see {self._log.name}")
             try:
                 if self.ready():
@@ -87,16 +127,9 @@ class ServerProcess:
 
     def stop(self) -> None:
         """Terminate the process group (killed after 30 s); a second call does nothing."""
-        import signal
-
         if self._log.closed:
             return
-        with contextlib.suppress(ProcessLookupError):  # the group is gone already
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+        self._kill()
         self._log.close()
 
 

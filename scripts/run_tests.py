@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -97,11 +98,11 @@ def _summary(lines: list[str]) -> list[str]:
     for i, line in enumerate(lines):
         if "slowest" in line and "durations" in line:
             for row in lines[i + 1:]:
-                if not row.strip() or row.startswith("="):
+                if not re.match(r"\d+\.\d+s ", row):
                     break
                 slowest.append(row)
-    return slowest + [ln for ln in lines[-15:] if ln.startswith(("=", "SKIPPED", "XFAIL"))
-                      or " passed" in ln or " skipped" in ln]
+    return slowest + [ln for ln in lines[-15:] if "durations" not in ln and (
+        ln.startswith(("=", "SKIPPED", "XFAIL")) or " passed" in ln or " skipped" in ln)]
 
 
 def _clock(seconds: float) -> str:

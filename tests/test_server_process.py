@@ -24,3 +24,36 @@ def test_stop_after_the_process_exited_on_its_own(tmp_path):
     proc.proc.wait()
     proc.stop()
     proc.stop()
+
+
+class _HttpServer(_Sleeper):
+    def ready(self) -> bool:  # http.server has no /health: any answer means it is listening
+        import urllib.request
+
+        try:
+            urllib.request.urlopen(self.url + "/", timeout=2)
+        except Exception as exc:  # noqa: BLE001 - a 404 still means it listens
+            return getattr(exc, "code", None) is not None
+        return True
+
+
+def test_a_launch_whose_port_was_taken_restarts_on_another_port(tmp_path, monkeypatch):
+    import socket
+
+    from rhyme_sglang import server_process
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    ports = [taken.getsockname()[1]]
+    free = server_process._free_port
+    monkeypatch.setattr(server_process, "_free_port", lambda: ports.pop() if ports else free())
+    proc = _HttpServer([], str(tmp_path / "log"))
+    try:
+        first = proc.port
+        proc.wait_ready(timeout=60)
+        assert proc.port != first and proc.ready()
+        assert "address already in use" in (tmp_path / "log").read_text().lower()
+    finally:
+        proc.stop()
+        taken.close()

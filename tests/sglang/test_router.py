@@ -55,7 +55,7 @@ def references(tiny_model_path, tmp_path_factory, engines):
     srv = ServerProcess(["--model-path", tiny_model_path, *SERVER_ARGS],
                         str(tmp_path_factory.mktemp("vanilla") / "server.log"))
     try:
-        srv.wait_ready()
+        srv.wait_ready(timeout=480)
         refs = {pid: _generate(srv.url, pid, 0)["output_ids"] for pid in PROMPTS}
         # a vanilla server serves the time breakdown (and only that) under /rhyme/
         status, breakdown = get(srv.url + "/rhyme/breakdown")
@@ -78,8 +78,8 @@ def cluster(tiny_model_path, tmp_path_factory, references):
                              str(logs / f"server{i}.log")) for i in range(2)]
     router = None
     try:
-        for s in servers:
-            s.wait_ready()
+        for s in servers:  # two servers start at once: 4 sglang imports on 2 cores
+            s.wait_ready(timeout=480)
         router = RouterProcess([s.url for s in servers], ["--policy", "manual"],
                                str(logs / "router.log"))
         router.wait_ready(timeout=120)

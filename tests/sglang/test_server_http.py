@@ -27,7 +27,7 @@ def server(tiny_model_path, tmp_path_factory, engines, snap_dir):
                   "--rhyme-snapshot-dir", str(snap_dir)],
                  str(tmp_path_factory.mktemp("server") / "server.log"))
     try:
-        srv.wait_ready()
+        srv.wait_ready(timeout=480)
         yield srv
     finally:
         srv.stop()
