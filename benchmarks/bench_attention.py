@@ -18,10 +18,10 @@ One run, same machine, same threads (1, as the engine's scheduler on 2 cores):
 
 from __future__ import annotations
 
-import argparse
 import os
 
-from benchmarks.common import servers_side_by_side, write_json
+from benchmarks.common import (cpu_engine_env, op_and_engine_parser, servers_side_by_side,
+                               write_json)
 
 OP_CASES = [(1, 128), (1, 1024), (8, 512), (32, 128), (32, 512), (32, 1024)]  # (batch, context)
 ENGINE_BATCHES = (1, 8, 32)
@@ -101,23 +101,14 @@ def ops_side_by_side(cases, tree_n: int, repeats: int) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_attention")
-    parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--dtype", default="auto", help="the engine's: auto (measured) | float32 | bfloat16")
-    parser.add_argument("--prompt-len", type=int, default=512)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser = op_and_engine_parser("python -m benchmarks.bench_attention", prompt_len=512,
+                                  repeats=5)
     parser.add_argument("--verify-width", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=5, help="op timings: best of N")
-    parser.add_argument("--rounds", type=int, default=3, help="engine rounds per batch and server (median)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-engine", action="store_true", help="the ops only")
     parser.add_argument("--no-ops", action="store_true", help="the engine only")
     parser.add_argument("--quick", action="store_true", help="small op cases, tiny model engine")
     parser.add_argument("--json", default="out/attention.json")
     args = parser.parse_args(argv)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    cpu_engine_env()
 
     import torch
     from transformers import AutoConfig

@@ -16,11 +16,10 @@ One run, same machine, one thread (as the engine's scheduler on 2 cores):
 
 from __future__ import annotations
 
-import argparse
-import os
 import time
 
-from benchmarks.common import servers_side_by_side, write_json
+from benchmarks.common import (cpu_engine_env, op_and_engine_parser, servers_side_by_side,
+                               write_json)
 
 OP_BATCHES = (1, 8, 32, 64)
 ENGINE_BATCHES = (1, 8, 32)
@@ -55,21 +54,12 @@ def ops_side_by_side(batches, vocab: int, repeats: int, seed: int) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_sampling")
-    parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--dtype", default="auto", help="the engine's: auto (measured) | float32 | bfloat16")
-    parser.add_argument("--prompt-len", type=int, default=128)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=10, help="op timings: best of N")
-    parser.add_argument("--rounds", type=int, default=3, help="engine rounds per batch and server (median)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-engine", action="store_true", help="the ops only")
+    parser = op_and_engine_parser("python -m benchmarks.bench_sampling", prompt_len=128,
+                                  repeats=10)
     parser.add_argument("--quick", action="store_true", help="fewer repeats, tiny model engine")
     parser.add_argument("--json", default="out/sampling.json")
     args = parser.parse_args(argv)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    cpu_engine_env()
 
     import torch
     from transformers import AutoConfig

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 from pathlib import Path
 
 
@@ -11,6 +13,30 @@ def write_json(path, report: dict) -> None:
     if path:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(report, indent=2, default=str))
+
+
+def op_and_engine_parser(prog: str, prompt_len: int, repeats: int) -> argparse.ArgumentParser:
+    """The flags shared by the op + two-servers benchmarks (bench_attention, bench_sampling);
+    each adds its own (``--quick``, ``--json``, ...) before parsing."""
+    parser = argparse.ArgumentParser(prog=prog)
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--dtype", default="auto",
+                        help="the engine's: auto (measured) | float32 | bfloat16")
+    parser.add_argument("--prompt-len", type=int, default=prompt_len)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=repeats, help="op timings: best of N")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="engine rounds per batch and server (median)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-engine", action="store_true", help="the ops only")
+    return parser
+
+
+def cpu_engine_env() -> None:
+    """One compute thread and the CPU engine for a benchmark process, unless already set."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def servers_side_by_side(model_path: str, dtype: str, env_name: str, impls: tuple[str, str],
