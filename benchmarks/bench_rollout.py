@@ -10,8 +10,10 @@ One run, one machine, one policy trajectory for every mode:
 2. **Timed modes.** For epochs >= ``--timed-from`` each other mode starts a fresh engine that
    gets the history of earlier epochs without generating it (outputs are distributed alike in
    every mode): RHYME modes import the trajectory's responses and rewards of epochs
-   < ``--timed-from`` (``rhyme_import_history``), NGRAM generates epoch ``--timed-from - 1``
-   untimed to fill its corpus. Then each timed epoch loads that epoch's checkpoint and
+   < ``--timed-from`` (``rhyme_import_history``); NGRAM's n-gram trie is seeded with the same
+   responses (``Engine.ngram_seed``: the windows its online path would have inserted had it
+   served them), where it used to generate epoch ``--timed-from - 1`` untimed (10-13 min of
+   the default's wall). Then each timed epoch loads that epoch's checkpoint and
    generates all requests at once. ``rhyme`` chooses the verify width per step with the
    cost model (widths 1..16); ``rhyme_fixed`` always verifies 8 draft tokens (no cost model).
 3. **Report.** Per mode and epoch: makespan (last finish), time to 90% finished, output tok/s,
@@ -27,7 +29,9 @@ on a 2-core CPU).
     python -m benchmarks.bench_rollout [--quick] [--json OUT]
 
 JSON: ``{"modes": {NAME: {...}}, "speedup_vs_vanilla": {...}, "per_epoch": {NAME: [...]},
-"breakdown": {NAME: [...]}, "requests": {NAME: [...]}}``; ``requests`` lists each timed
+"breakdown": {NAME: [...]}, "requests": {NAME: [...]}, "wall_s": {"trajectory", NAME..., "total"}}``
+(``wall_s``: the benchmark's own wall time by part: the trajectory with its GRPO steps, each
+timed mode with its engine start and history); ``requests`` lists each timed
 request's (epoch, prompt_id, sample, length, latency) for the rollout simulator.
 """
 
@@ -171,7 +175,7 @@ def _trace_records(epoch, results, rewards) -> list:
 
 
 def _write_traces(json_path, report) -> None:
-    """Each mode's responses as a trace next to the JSON (RHYME modes: with the trajectory's
+    """Each mode's responses as a trace next to the JSON (other modes: with the trajectory's
     epochs they imported as history), named in ``report["modes"][m]["trace"]``."""
     from rhyme_sglang.core import write_trace
 
@@ -179,7 +183,7 @@ def _write_traces(json_path, report) -> None:
         return
     base = Path(json_path)
     for name, records in _TRACES.items():
-        if name.startswith("rhyme"):
+        if name != "vanilla":  # with the trajectory's epochs it got as history
             records = [r for r in _TRACES["vanilla"] if r.epoch < report["timed_from"]] + records
         path = base.with_name(f"{base.stem}.{name}.trace.jsonl.gz")
         write_trace(str(path), records)
@@ -251,11 +255,11 @@ def timed_mode(name, model_path, dtype, prompts, tok, args, checkpoints, trace, 
         if name.startswith("rhyme"):
             added = _import_history(engine, trace, first)
             logger.info("%s: imported %d history responses of epochs < %d", name, added, first)
-        elif name == "ngram":  # its corpus learns from what it generates (untimed)
-            _load(engine, checkpoints[first - 1])
-            results, _ = _generate_epoch(engine, prompts, args)
-            _TRACES.setdefault(name, []).extend(_trace_records(
-                first - 1, results, score(results, tok, reasoning_gym_reward)))
+        elif name == "ngram":  # its trie gets what it would have learned serving them
+            info = engine.ngram_seed((prompt.token_ids, ids) for epoch in range(first)
+                                     for prompt, _, ids, _ in trace[epoch])
+            logger.info("ngram: seeded its trie with %d responses of epochs < %d (%d windows)",
+                        info["sequences"], first, info["windows"])
         for epoch in range(first, args.epochs):
             _load(engine, checkpoints[epoch])
             engine.rhyme_breakdown(reset=True)
@@ -377,10 +381,15 @@ def main(argv=None) -> int:
         longest = max(len(p.token_ids) for p in prompts)
         args.max_total_tokens = args.max_running * (longest + args.max_new_tokens)
     report["config"]["max_total_tokens"] = args.max_total_tokens
+    wall = report["wall_s"] = {}  # where the benchmark's own wall time went
+    start = time.perf_counter()
     checkpoints, trace = trajectory(model_path, dtype, prompts, tok, args, report)
+    wall["trajectory"] = time.perf_counter() - start
     write_json(args.json, report)
     for name in modes[1:]:
+        t0 = time.perf_counter()
         timed_mode(name, model_path, dtype, prompts, tok, args, checkpoints, trace, report)
+        wall[name] = time.perf_counter() - t0
         write_json(args.json, report)  # partial results survive an interrupted run
     for name, epochs in report["per_epoch"].items():
         timed = [e for e in epochs if e["epoch"] >= args.timed_from]
@@ -391,11 +400,13 @@ def main(argv=None) -> int:
     _write_traces(args.json, report)
     if args.ordering:
         report["ordering"] = _ordering(model_path, dtype, checkpoints[args.epochs - 1], args)
+    wall["total"] = time.perf_counter() - start
     line = f"bench_rollout {args.model} ({dtype}, {' '.join(report['cpu_flags'])}): " + ", ".join(
         f"{m} {r['makespan_s']:.1f}s {r['tokens_per_s']:.0f} tok/s tau {r['tau']:.2f}"
         for m, r in report["modes"].items())
     line += " | speedup vs vanilla (epochs >= %d): " % args.timed_from + ", ".join(
         f"{m} x{v:.2f}" for m, v in report["speedup_vs_vanilla"].items())
+    line += " | wall " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in wall.items())
     print(line)
     write_json(args.json, report)
     return 0

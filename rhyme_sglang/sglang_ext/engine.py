@@ -79,6 +79,14 @@ class Engine(_SGLangEngine):
         :mod:`rhyme_sglang.sglang_ext.timeline`); ``reset`` starts a new window."""
         return self._rhyme.call("breakdown", reset=bool(reset))
 
+    def ngram_seed(self, pairs) -> dict:
+        """NGRAM engines: insert earlier ``(prompt_ids, response_ids)`` pairs into the n-gram
+        trie, as if this engine had generated them (:mod:`rhyme_sglang.sglang_ext.ngram_seed`)
+        -> ``{"sequences", "windows", "tokens"}``."""
+        from rhyme_sglang.sglang_ext.ngram_seed import as_payload
+
+        return self._rhyme.call("ngram_seed", sequences=as_payload(pairs))
+
     def rhyme_set_rewards(self, rewards: list) -> dict:
         """Rewards for finished requests: ``[{"rid", "reward"}]`` or ``[{"prompt_id", "sample", "reward"}]``."""
         return self._rhyme_call("set_rewards", rewards=rewards)

@@ -14,7 +14,8 @@ and three named hooks through sglang's ``HookRegistry``:
 Each of these is a no-op unless a RhymeWorker runs in the process. ``spec_logprobs_hook``
 around ``compute_spec_logprobs`` trims unused accept slots on CPU (NGRAM and RHYME). Two more, around
 ``Scheduler.run_batch`` and ``Scheduler.process_batch_result``, keep the time breakdown of
-:mod:`.timeline` in every mode.
+:mod:`.timeline` in every mode. One after ``NGRAMWorker.__init__`` lets an NGRAM engine's trie be
+seeded with earlier responses (:mod:`.ngram_seed`).
 """
 
 from __future__ import annotations
@@ -163,4 +164,8 @@ def register() -> None:
                           timeline.run_batch_hook, HookType.AROUND)
     HookRegistry.register("sglang.srt.managers.scheduler.Scheduler.process_batch_result",
                           timeline.result_hook, HookType.AROUND)
+    from rhyme_sglang.sglang_ext import ngram_seed
+
+    HookRegistry.register("sglang.srt.speculative.ngram_worker.NGRAMWorker.__init__",
+                          ngram_seed.capture_hook, HookType.AFTER)
     _registered = True

@@ -7,8 +7,8 @@ always verifies ``speculative_num_draft_tokens - 1``). ``result_hook`` (around
 ``Scheduler.process_batch_result``) times result processing and counts the tokens the step
 emitted. Gaps between steps count as scheduling while requests are in flight and as idle
 otherwise. The breakdown is read (and its window restarted) with the ``breakdown`` control
-command; for engines without RHYME the scheduler process serves that one command itself
-(:func:`maybe_serve`).
+command; for engines without RHYME the scheduler process serves it itself (:func:`maybe_serve`),
+with NGRAM's ``ngram_seed`` (:mod:`.ngram_seed`).
 """
 
 from __future__ import annotations
@@ -100,18 +100,24 @@ def breakdown(reset: bool = False) -> dict:
     return out
 
 
-class _BreakdownOnly:
-    """Control-command handler for engines without a RHYME worker."""
+class _PeerCommands:
+    """Control-command handler for engines without a RHYME worker: ``breakdown``, and
+    ``ngram_seed`` on NGRAM engines (:mod:`.ngram_seed`)."""
 
     def command(self, name: str, args: dict):
-        if name != "breakdown":
-            raise ValueError(f"this engine was not started with RHYME; only 'breakdown' is served, "
-                             f"got {name!r}")
-        return breakdown(**args)
+        if name == "breakdown":
+            return breakdown(**args)
+        if name == "ngram_seed":
+            from rhyme_sglang.sglang_ext import ngram_seed
+
+            return ngram_seed.seed(**args)
+        raise ValueError(f"this engine was not started with RHYME; only 'breakdown' and "
+                         f"'ngram_seed' (NGRAM) are served, got {name!r}")
 
 
 def maybe_serve(server_args) -> None:
-    """In a scheduler process without RHYME, serve ``breakdown`` on the control address."""
+    """In a scheduler process without RHYME, serve ``breakdown`` (and ``ngram_seed``) on the
+    control address."""
     from rhyme_sglang.sglang_ext.config import RhymeConfig
     from rhyme_sglang.sglang_ext.plugin import ALGORITHM
 
@@ -120,4 +126,4 @@ def maybe_serve(server_args) -> None:
     if algo != ALGORITHM and addr:
         from rhyme_sglang.sglang_ext.control import ControlServer
 
-        ControlServer(addr, _BreakdownOnly()).start()
+        ControlServer(addr, _PeerCommands()).start()

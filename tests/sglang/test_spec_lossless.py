@@ -28,6 +28,9 @@ pytestmark = pytest.mark.sglang
 PROMPTS = [[1, 5, 6, 7, 8], [3, 4, 5], [10, 11, 12, 13, 14, 15, 16, 17] * 3]
 GREEDY = {"temperature": 0, "max_new_tokens": 48, "ignore_eos": True}
 SAMPLE_PROMPT = [10, 11, 12, 13, 14, 15, 16, 17] * 2
+# NGRAM seeding: unseeded, a fresh NGRAM engine needed 26 verify steps for this prompt's 48
+# greedy tokens (its online corpus learns the repeats); seeded with them, 13
+SEED_PROMPT = [175, 87, 212, 343, 34, 47, 284, 58, 197, 308, 39, 269]
 SAMPLING = {"temp1": {}, "top_p0.9": {"top_p": 0.9}, "top_k5": {"top_k": 5}}
 NUM_SAMPLES = 16000  # per speculative setting; see tests/test_stats_power.py for its power
 VANILLA_SAMPLES = 8000  # per setting, to check the reference against plain decoding
@@ -68,9 +71,13 @@ def exact(tiny_model_path):
 
 @pytest.fixture(scope="module")
 def baseline(tiny):
-    """Non-speculative greedy outputs per dtype, computed before any speculative engine starts."""
-    return {dtype: [o["output_ids"] for o in tiny("tiny", dtype=dtype).generate(
+    """Non-speculative greedy outputs per dtype, computed before any speculative engine starts
+    (and ``"seed"``: SEED_PROMPT's, fp32)."""
+    out = {dtype: [o["output_ids"] for o in tiny("tiny", dtype=dtype).generate(
         input_ids=PROMPTS, sampling_params=GREEDY)] for dtype in DTYPES}
+    out["seed"] = tiny("tiny", dtype="float32").generate(
+        input_ids=SEED_PROMPT, sampling_params=GREEDY)["output_ids"]
+    return out
 
 
 # the plain engine per dtype and setting (runs first: one engine switch per dtype)
@@ -95,6 +102,25 @@ def test_greedy_equals_non_speculative(tiny, baseline, algo, dtype):
         spec = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)
     assert [o["output_ids"] for o in spec] == baseline[dtype]
     assert sum(o["meta_info"]["spec_num_correct_drafts"] for o in spec) > 0  # speculation ran
+
+
+def test_ngram_seed_gives_a_fresh_engine_the_history(tiny, baseline):
+    """bench_rollout's NGRAM history: a response seeded into the trie of a fresh NGRAM engine is
+    drafted from its first token, and the output stays plain decoding's."""
+    expected = baseline["seed"]
+    # its own configuration key, so a fresh engine with an empty trie in any test order
+    engine = tiny("tiny-ngram", dtype="float32", speculative_ngram_max_trie_depth=18)
+    info = engine.ngram_seed([(SEED_PROMPT, expected)])
+    assert info == {"sequences": 1, "windows": len(expected), "tokens": len(expected)}
+    out = engine.generate(input_ids=SEED_PROMPT, sampling_params=GREEDY)
+    assert out["output_ids"] == expected
+    # 4 draft tokens: a verify step emits at most 4 tokens; the first comes from prefill
+    assert out["meta_info"]["spec_verify_ct"] <= -(-(len(expected) - 1) // 4) + 1
+    with pytest.raises(ValueError, match="pairs"):
+        engine.ngram_seed([{"prompt": [1]}])
+    with pytest.raises(ValueError, match="token ids"):  # the scheduler side checks too
+        engine._rhyme.call("ngram_seed", sequences=[{"prompt": [1], "response": ["x"]}])
+    assert engine.generate(input_ids=SEED_PROMPT, sampling_params=GREEDY)["output_ids"] == expected
 
 
 # algorithm-major order: one engine switch per algorithm and dtype (sglang allows one engine
