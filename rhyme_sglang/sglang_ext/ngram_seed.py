@@ -28,10 +28,6 @@ def capture_hook(result, worker, *args, **kwargs):
     return result
 
 
-def active() -> bool:
-    return bool(_WORKER)
-
-
 def windows(tokens: list, prompt_len: int, depth: int) -> list:
     """The windows of at most ``depth`` tokens that end at each token of the response
     ``tokens[prompt_len:]``, as the online path inserts them."""
