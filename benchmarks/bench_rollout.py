@@ -14,8 +14,11 @@ One run, one machine, one policy trajectory for every mode:
    responses (``Engine.ngram_seed``: the windows its online path would have inserted had it
    served them), where it used to generate epoch ``--timed-from - 1`` untimed (10-13 min of
    the default's wall). Then each timed epoch loads that epoch's checkpoint and
-   generates all requests at once. ``rhyme`` chooses the verify width per step with the
-   cost model (widths 1..16); ``rhyme_fixed`` always verifies 8 draft tokens (no cost model).
+   generates all requests at once. ``rhyme`` chooses with the cost model, per step, which
+   draft nodes of which requests to verify (per-request widths up to 16, plain when none
+   pays); ``rhyme_fixed`` verifies every request's drafts up to 8 tokens (no cost model);
+   ``rhyme_batch_width`` (not in the default ``--modes``) is ``rhyme`` with one width per
+   step for the whole batch (``rhyme_ragged=False``), as runs 11-13 measured RHYME.
 3. **Report.** Per mode and epoch: makespan (last finish), time to 90% finished, output tok/s,
    tau (tokens per decode step of a request), decode steps by kind and the scheduler's time
    breakdown (``Engine.rhyme_breakdown``: prefill, decode by kind, draft lookups, result
@@ -56,6 +59,10 @@ MODES = {
     "rhyme": {"speculative_algorithm": "RHYME", "speculative_num_draft_tokens": 17},
     "rhyme_fixed": {"speculative_algorithm": "RHYME", "speculative_num_draft_tokens": 9,
                     "rhyme_adaptive": False},
+    # not in the default --modes: RHYME as runs 11-13 measured it, one verify width per step
+    # for the whole batch (each request padded to it) instead of per-request widths
+    "rhyme_batch_width": {"speculative_algorithm": "RHYME", "speculative_num_draft_tokens": 17,
+                          "rhyme_ragged": False},
 }
 # the small version: 3 chain_sum + 1 gsm_symbolic prompt x 4 samples (the long tail is the gsm
 # group). Measured on a 2-core avx2 CPU, fp32: 24 min at 4+2 prompts and a 384-token cap, 11:50

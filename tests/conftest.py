@@ -111,6 +111,11 @@ TINY_CONFIGS = {
     # every verify width (1, 2, 4, 8, 16) and plain decode in turn, with every switch
     "tiny-rhyme-cycle": {"speculative_algorithm": "RHYME", "speculative_num_draft_tokens": 17,
                          "rhyme_cycle_widths": True, **_SPEC_BATCH},
+    # the same walk with one width per step for the whole batch, each request padded to it
+    # (per-request widths off: how RHYME runs on a GPU)
+    "tiny-rhyme-cycle-batch-width": {"speculative_algorithm": "RHYME",
+                                     "speculative_num_draft_tokens": 17, "rhyme_cycle_widths": True,
+                                     "rhyme_ragged": False, **_SPEC_BATCH},
 }
 
 

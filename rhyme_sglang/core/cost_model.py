@@ -131,21 +131,33 @@ class SpecCostModel:
         return (PLAIN,) + self.widths
 
     # ------------------------------------------------------------------ measurements
-    def observe_step(self, batch_size: int, width: int, seconds: float) -> None:
-        """Record the wall time of one whole step of ``batch_size`` requests at ``width``."""
+    def observe_step(self, batch_size: int, width: int, seconds: float,
+                     rows: Optional[int] = None) -> None:
+        """Record the wall time of one whole step of ``batch_size`` requests at ``width``.
+
+        ``rows``: tokens the step's forward ran, when a ragged verify ran fewer than
+        ``batch_size * (width + 1)`` (requests verifying fewer nodes than ``width``); its
+        cell is then that of the step's largest request width (see :meth:`choose_rows`)."""
         if width != PLAIN and width not in self.widths:
             raise ValueError(f"width must be 0 (plain) or one of {self.widths}, got {width!r}")
         if seconds < 0:
             raise ValueError(f"seconds must be >= 0, got {seconds}")
+        full = batch_size * (width + 1)
+        if rows is None:
+            rows = full
+        if not batch_size <= rows <= full:
+            raise ValueError(f"rows must be in [{batch_size}, {full}] for {batch_size} requests "
+                             f"at width {width}, got {rows!r}")
         key = (bucket_of(batch_size), width)
         cell = self._cell.get(key)
         if cell is None or key not in self._seen:  # a seeded prior gives way to the first measurement
-            self._cell[key] = [seconds, float(batch_size)]
+            self._cell[key] = [seconds, float(batch_size), float(rows)]
         else:
             old = self._at(cell, batch_size, width)  # the cell's estimate at this batch size
             seconds = min(max(seconds, old / self.max_jump), old * self.max_jump)
             cell[0] = (1 - self.alpha) * cell[0] + self.alpha * seconds
             cell[1] = (1 - self.alpha) * cell[1] + self.alpha * batch_size
+            cell[2] = (1 - self.alpha) * cell[2] + self.alpha * rows
         self._seen[key] = self._decisions
         self._stale()
 
@@ -198,7 +210,8 @@ class SpecCostModel:
         for (batch_size, width), seconds in table.items():
             if width == PLAIN or width in self.widths:
                 key = (bucket_of(batch_size), width)
-                self._cell[key] = [float(seconds), float(batch_size)]
+                self._cell[key] = [float(seconds), float(batch_size),
+                                   float(batch_size * (width + 1))]
                 self._seen.pop(key, None)
                 taken += 1
         self._stale()
@@ -222,7 +235,7 @@ class SpecCostModel:
         points = self._by_width.get(width)
         if points is None:
             points = self._by_width[width] = sorted(
-                (bs, sec) for (_, w), (sec, bs) in self._cell.items() if w == width)
+                (bs, sec) for (_, w), (sec, bs, _rows) in self._cell.items() if w == width)
         return points
 
     def _at(self, cell, batch_size: int, width: int) -> float:
@@ -233,7 +246,7 @@ class SpecCostModel:
         alone scales proportionally. ``cell`` is the one the batch size falls in."""
         points = self._points(width)
         if len(points) < 2:
-            sec, bs = cell
+            sec, bs = cell[0], cell[1]
             return sec * batch_size / bs
         if batch_size <= points[0][0]:
             (x0, y0), (x1, y1) = points[0], points[1]
@@ -260,12 +273,16 @@ class SpecCostModel:
         measured = self.step_time(batch_size, width)
         if measured is not None:
             return measured
+        return self._curve_at(batch_size * (width + 1))
+
+    def _curve_at(self, tokens: float) -> Optional[float]:
+        """Seconds of a forward of ``tokens`` tokens on the curve over every measured cell
+        (None when nothing was measured)."""
         if self._curve is None:  # rebuilt after a measurement, not per estimate
-            self._curve = sorted({bs * (w + 1): sec for (_, w), (sec, bs) in self._cell.items()}.items())
+            self._curve = sorted({rows: sec for sec, _bs, rows in self._cell.values()}.items())
         points = self._curve
         if not points:
             return None
-        tokens = batch_size * (width + 1)
         if tokens <= points[0][0]:
             return points[0][1] * tokens / points[0][0] if len(points) == 1 else points[0][1]
         for (t0, s0), (t1, s1) in zip(points, points[1:]):
@@ -318,6 +335,103 @@ class SpecCostModel:
             return min(alternatives, key=lambda w: (self._seen.get((bucket, w), -1),
                                                     w != PLAIN, -(rates[w] or 0.0)))
         return ranking[0]
+
+    def _rows_points(self, batch_size: int) -> Optional[list]:
+        """``[(extra draft rows, seconds)]`` of the bucket's plain cell and measured verify
+        cells at ``batch_size``, sorted; None when fewer than two."""
+        bucket = bucket_of(batch_size)
+        points = []
+        plain = self.step_time(batch_size, PLAIN)
+        if plain is not None:
+            points.append((0.0, plain))
+        for w in self.widths:
+            cell = self._cell.get((bucket, w))
+            if cell is not None:
+                per_request = max(cell[2] - cell[1], 0.0) / cell[1]
+                points.append((per_request * batch_size, self._at(cell, batch_size, w)))
+        return sorted(points) if len(points) >= 2 else None
+
+    def step_time_rows(self, batch_size: int, extra: int, _points=None) -> Optional[float]:
+        """Estimated seconds of a step of ``batch_size`` requests whose forward runs ``extra``
+        draft rows beyond their ``batch_size`` last tokens (a verify of any shape; 0 = the
+        plain step). Piecewise linear in ``extra`` through the plain cell and the measured
+        verify cells of the batch's bucket (each at its measured rows per request, scaled to
+        this batch size); past the last one along the last segment. Falls back to the curve
+        over every cell when the bucket has fewer than two cells (None: nothing measured)."""
+        if extra <= 0:
+            return self.estimate(batch_size, PLAIN)
+        points = self._rows_points(batch_size) if _points is None else _points
+        if not points:
+            return self._curve_at(batch_size + extra)
+        for (x0, y0), (x1, y1) in zip(points, points[1:]):
+            if extra <= x1:
+                break
+        if x1 - x0 < 1e-9:
+            return max(y1, 1e-9)
+        return max(y0 + (y1 - y0) * (extra - x0) / (x1 - x0), points[0][1], 1e-9)
+
+    def choose_rows(self, batch_size: int, gains: Sequence[Sequence[float]]):
+        """Per-request verify widths for one decode step (a ragged verify): ``(width,
+        counts)``, where ``counts[i]`` draft nodes of request ``i`` are verified (0: only its
+        last token, as in a plain step) and ``width``, the step's cell, is the smallest of
+        :attr:`widths` that holds the largest count (0 with every count 0: a plain step).
+
+        ``gains[i]``: request ``i``'s expected acceptance of each of its draft nodes in
+        best-first order (calibrated path probabilities, non-increasing). Under each width
+        cap the step takes the nodes with the largest gains across the batch, as many as
+        maximise ``(batch_size + their summed gain) / step_time_rows(batch_size, taken)``:
+        a request with worthless drafts adds no rows, one with confident drafts adds many.
+        The rules of :meth:`choose_width` hold per cell: plain is measured first, a cell never
+        measured at this bucket is tried once when its estimate is within ``explore_within``
+        of the best known rate, and every ``reexplore_every`` decisions the stalest other
+        cell is run (the plain step, or the best allocation of that cell)."""
+        self._decisions += 1
+        bs = batch_size
+        if len(gains) != bs:
+            raise ValueError(f"need one gain list per request ({bs}), got {len(gains)}")
+        plain = (PLAIN, [0] * bs)
+        bucket = bucket_of(bs)
+        if (bucket, PLAIN) not in self._seen or not any(len(g) and g[0] > 0 for g in gains):
+            return plain
+        plain_rate = bs / self.estimate(bs, PLAIN)
+        # every node (gain, request, its rank in the request), by gain; ties: earlier rank
+        nodes = sorted(((float(g), i, j) for i, row in enumerate(gains)
+                        for j, g in enumerate(row[: self.widths[-1]]) if g > 0),
+                       key=lambda x: (-x[0], x[2]))
+        points = self._rows_points(bs)
+        times = [self.step_time_rows(bs, k, points) for k in range(len(nodes) + 1)]
+        if any(t is None for t in times):
+            return plain
+        best: Dict[int, tuple] = {}  # cell width -> (rate, counts)
+        for cap in self.widths:
+            under = [x for x in nodes if x[2] < cap]
+            gain, top_rate, top_k = 0.0, 0.0, 0
+            for k, (g, _i, _j) in enumerate(under, start=1):
+                gain += g
+                if (bs + gain) / times[k] > top_rate:
+                    top_rate, top_k = (bs + gain) / times[k], k
+            if top_k:
+                counts = [0] * bs
+                for _g, i, _j in under[:top_k]:
+                    counts[i] += 1
+                width = next(w for w in self.widths if w >= max(counts))
+                if width not in best or top_rate > best[width][0]:
+                    best[width] = (top_rate, counts)
+        if not best:
+            return plain
+        known = {w: r for w, (r, _) in best.items() if self.step_time(bs, w) is not None}
+        best_known = max([plain_rate] + list(known.values()))
+        for w in sorted(best, key=lambda w: -best[w][0]):
+            if w not in known and best[w][0] >= self.explore_within * best_known:
+                return w, best[w][1]  # explore a promising cell once
+        ranking = sorted(((r, w) for w, r in known.items() if r > self.margin * plain_rate),
+                         reverse=True)
+        choice = ranking[0][1] if ranking else PLAIN
+        if self._decisions % self.reexplore_every == 0 and known:
+            alternatives = [w for w in (PLAIN,) + tuple(known) if w != choice]
+            choice = min(alternatives, key=lambda w: (self._seen.get((bucket, w), -1), w != PLAIN,
+                                                      -(known.get(w) or 0.0)))
+        return plain if choice == PLAIN else (choice, best[choice][1])
 
     def as_dict(self) -> dict:
         buckets = sorted({b for b, _ in self._cell})

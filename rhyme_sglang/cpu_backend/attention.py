@@ -275,6 +275,9 @@ def _native_attend(q, o, k_buffer, v_buffer, req_to_token, pool_rows, seq_lens, 
     direct = o.dtype == torch.float32 and o.is_contiguous()
     out = o if direct else torch.zeros(o.shape, dtype=torch.float32)
     longs = [x.to(torch.int64).contiguous() for x in (pool_rows, seq_lens, ext_lens, starts)]
+    if longs[0].numel() and int((longs[3] + longs[2].clamp(min=0)).max()) > q.shape[0]:
+        raise ValueError(f"extend rows reach past q's {q.shape[0]} rows (starts {longs[3].tolist()}, "
+                         f"extend lengths {longs[2].tolist()})")
     fresh = [None if x is None else x.reshape(x.shape[0], hkv, -1).to(k_buffer.dtype).contiguous()
              for x in (k, v)]
     tree_u8 = None if tree is None else tree.to(torch.uint8).contiguous()
@@ -307,7 +310,9 @@ def extend_attention_cpu(
     """Prefill / extend / verify attention over the whole batch. ``o`` is written in place.
 
     q [T, H, D], k/v [T, Hkv, D*] (None on KV-shared layers: read from the cache), o [T, H, Dv].
-    ``tree_mask`` (TARGET_VERIFY): flat ``bs * n * n`` bool, every request extending by ``n``.
+    ``tree_mask`` (TARGET_VERIFY): flat ``bs * n * n`` bool, every request extending by ``n``;
+    or ``[bs, n, n]`` for a ragged verify, request b extending by its first
+    ``extend_seq_lens[b] <= n`` nodes (the top-left block of its tree).
     """
     _check_features("extend_attention_cpu", is_cross, sliding_window, sinks, k_buffer)
     seq_l, ext_l = seq_lens.tolist(), extend_seq_lens.tolist()
@@ -315,7 +320,9 @@ def extend_attention_cpu(
     if lq == 0:
         return
     tree = None
-    if tree_mask is not None:
+    if tree_mask is not None and tree_mask.dim() == 3:  # ragged: [bs, n, n], n >= every extend
+        tree = tree_mask.bool()
+    elif tree_mask is not None:
         tree = tree_mask.reshape(-1)[: bsz * lq * lq].view(bsz, lq, lq).bool()
     if _native_fits(q, k_buffer, v_buffer, req_to_token):
         # a tree batch goes native whole; else the requests extending by <= NATIVE_MAX_EXTEND
@@ -334,6 +341,8 @@ def extend_attention_cpu(
             extend_seq_lens, extend_start_loc = extend_seq_lens[rest], extend_start_loc[rest]
             seq_l, ext_l = seq_lens.tolist(), extend_seq_lens.tolist()
             bsz, lq = len(seq_l), max(ext_l)
+    if tree is not None and tree.shape[-1] != lq:  # ragged verify: the block the longest sees
+        tree = tree[:, :lq, :lq]
     packed = min(ext_l) == lq and extend_start_loc.tolist() == list(range(0, bsz * lq, lq))
     reqs = _Requests(req_pool_indices, seq_lens, extend_seq_lens, extend_start_loc, tree,
                      max(seq_l), lq, packed)

@@ -35,6 +35,7 @@ _PATCHED_MODULES = (
     "sglang.srt.layers.quantization.unquant",
     "sglang.srt.layers.logits_processor",
     "sglang.srt.model_executor.model_runner_components.weight_updater",
+    "sglang.srt.layers.attention.intel_amx_backend",
 )  # the keys of ``patches._BY_MODULE`` (kept apart so start-up imports nothing more)
 
 

@@ -19,6 +19,11 @@ Applied by :mod:`.bootstrap` right after the target module executes, only while 
   ``packed_cpu_lm_head`` (``sglang.srt.layers.logits_processor``): CPU linears and the
   lm_head run through :mod:`.linear` (oneDNN with packed weights at the row counts where this
   machine measures it faster than ``F.linear``).
+* ``ragged_verify_metadata`` (``sglang.srt.layers.attention.intel_amx_backend``): a RHYME
+  verify whose requests verify different numbers of tree nodes (``rhyme_verify_lens`` on its
+  spec input, see ``sglang_ext/step_kinds.py: ragged_verify``) gets per-request extend
+  lengths and its ``[bs, n, n]`` trees; sglang's own verify (every request ``n`` nodes) is
+  passed through unchanged.
 * ``repack_after_weight_updates``
   (``sglang.srt.model_executor.model_runner_components.weight_updater``): every in-place
   weight update marks the packs of :mod:`.linear` stale.
@@ -138,6 +143,28 @@ def repack_after_weight_updates(weight_updater) -> None:
     APPLIED.add("repack_after_weight_updates")
 
 
+def ragged_verify_metadata(amx_backend) -> None:
+    import torch
+
+    cls = amx_backend.IntelAMXAttnBackend
+    original = cls._build_extend_metadata
+
+    def _build_extend_metadata(self, forward_batch):
+        spec = forward_batch.spec_info
+        lens = getattr(spec, "rhyme_verify_lens", None)
+        if lens is None or not forward_batch.forward_mode.is_target_verify():
+            return original(self, forward_batch)
+        n, bs = spec.draft_token_num, forward_batch.batch_size
+        lens = lens.to(device=forward_batch.seq_lens.device, dtype=torch.int32)
+        starts = torch.cumsum(lens, 0, dtype=torch.int32) - lens
+        tree = spec.custom_mask.reshape(-1)[: bs * n * n].view(bs, n, n)
+        return forward_batch.seq_lens + lens, lens, starts, tree
+
+    _build_extend_metadata.__name__ = "_build_extend_metadata"
+    cls._build_extend_metadata = _build_extend_metadata
+    APPLIED.add("ragged_verify_metadata")
+
+
 _BY_MODULE = {
     "sglang.srt.arg_groups.overrides": keep_intel_amx_attention,
     "sglang.srt.speculative.eagle_utils": lossless_sampling_verify,
@@ -145,6 +172,7 @@ _BY_MODULE = {
     "sglang.srt.layers.quantization.unquant": packed_cpu_linear,
     "sglang.srt.layers.logits_processor": packed_cpu_lm_head,
     "sglang.srt.model_executor.model_runner_components.weight_updater": repack_after_weight_updates,
+    "sglang.srt.layers.attention.intel_amx_backend": ragged_verify_metadata,
 }
 
 

@@ -44,8 +44,13 @@ class RhymeConfig:
     * ``cost_cache``: start the cost model from the step costs an earlier engine measured on
       this machine, model shape, dtype and threads, and keep them for the next one
       (:mod:`.step_costs`; file ``$RHYME_STEP_COSTS`` or ``<cache>/rhyme_sglang/step_costs.json``).
+    * ``ragged``: each request of a verify step verifies its own number of draft nodes
+      (CPU, synchronous scheduler): the cost model takes the batch's most probable nodes
+      wherever they are (:meth:`SpecCostModel.choose_rows`), and the forward runs only the
+      nodes taken (no padding rows). Off = every request verifies the step's width.
     * ``cycle_widths``: diagnostic/test mode: decode steps walk through plain and every
-      width in an order that makes every switch between two of them (lossless tests).
+      width in an order that makes every switch between two of them (lossless tests); with
+      ``ragged``, every other step gives the requests different node counts, 0 included.
     """
 
     schedule_policy: str = "lpt"
@@ -61,6 +66,7 @@ class RhymeConfig:
     adaptive: bool = True
     widths: Optional[Tuple[int, ...]] = None
     cycle_widths: bool = False
+    ragged: bool = True
     group_prefill: bool = True
     cost_cache: bool = True
 

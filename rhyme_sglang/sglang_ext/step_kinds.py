@@ -1,10 +1,12 @@
-"""The two decode step kinds RhymeWorker adds around sglang's NGRAM verify path.
+"""The decode step kinds RhymeWorker adds around sglang's NGRAM verify path.
 
 :func:`verify_width` runs sglang's verify with ``n`` tree nodes per request by switching the
 NGRAM worker's width attributes and the per-batch-size views of its preallocated buffers
-(``[bs, n]`` accept buffers and flat masks) for one step; :func:`plain_decode` runs a normal
-one-token decode inside the speculative schedule and returns it as a verify result that
-accepted no draft. Both reach into sglang's NGRAM worker and are fenced here.
+(``[bs, n]`` accept buffers and flat masks) for one step; :func:`ragged_verify` lets each
+request of that step verify only its first ``lens[i] <= n`` nodes (the forward runs those
+rows only); :func:`plain_decode` runs a normal one-token decode inside the speculative
+schedule and returns it as a verify result that accepted no draft. All reach into sglang's
+NGRAM worker and are fenced here.
 """
 
 from __future__ import annotations
@@ -52,6 +54,62 @@ def verify_width(worker, n: int):
     finally:
         for name, value in saved.items():
             setattr(worker, name, value)
+
+
+@contextmanager
+def ragged_verify(worker, lens):
+    """Run the step's verify forward over each request's first ``lens[i]`` tree nodes only
+    (node 0, its last token, and ``lens[i] - 1`` drafts; the tree's other nodes are padding).
+
+    Everything else of sglang's verify keeps its ``[bs, n]`` layout: the KV slots of all
+    ``bs * n`` nodes are allocated (the padding's are never written, never accepted, and
+    freed with the other rejected ones), the tree links to padding nodes are cut (padding
+    nodes come after the real ones, so a link to one is a link to an index ``>= lens[i]``;
+    nothing walks to them), and the logits come back as ``[bs * n, vocab]`` with zeros in the
+    padding rows, which no accepted path reads. The CPU attention backend reads the ragged
+    lengths from the spec input (``cpu_backend/patches.py: ragged_verify_metadata``).
+    ``lens`` None, or every length ``n``: sglang's verify as it is."""
+    import torch
+
+    n = worker.draft_token_num
+    if lens is None or all(length == n for length in lens):
+        yield
+        return
+    target = worker.target_worker
+    original = target.forward_batch_generation
+    lens_t = torch.tensor(lens, dtype=torch.int64)
+    if not bool(((lens_t >= 1) & (lens_t <= n)).all()):
+        raise ValueError(f"ragged verify lengths must be in [1, {n}], got {lens}")
+    bs = len(lens)
+    rows = (torch.arange(n).view(1, n) < lens_t.view(-1, 1)).view(-1).nonzero().view(-1)
+
+    def forward(batch, *args, is_verify=False, **kwargs):
+        if not is_verify:
+            return original(batch, *args, is_verify=is_verify, **kwargs)
+        spec = batch.spec_info
+        for links in (spec.retrieve_next_token, spec.retrieve_next_sibling):
+            view = links.view(bs, n)
+            view.masked_fill_(view >= lens_t.view(-1, 1).to(view.dtype), -1)
+        saved = batch.input_ids, batch.out_cache_loc, spec.positions
+        batch.input_ids, batch.out_cache_loc = batch.input_ids[rows], batch.out_cache_loc[rows]
+        spec.positions = spec.positions[rows]
+        spec.rhyme_verify_lens = lens_t.to(torch.int32)
+        try:
+            out = original(batch, *args, is_verify=True, **kwargs)
+        finally:
+            batch.input_ids, batch.out_cache_loc, spec.positions = saved
+            spec.rhyme_verify_lens = None
+        logits = out.logits_output.next_token_logits
+        full = logits.new_zeros((bs * n, logits.shape[-1]))
+        full.index_copy_(0, rows, logits)
+        out.logits_output.next_token_logits = full
+        return out
+
+    target.forward_batch_generation = forward  # instance attribute, removed below
+    try:
+        yield
+    finally:
+        target.__dict__.pop("forward_batch_generation", None)
 
 
 def plain_decode(worker, batch, on_publish):

@@ -7,10 +7,13 @@ through :mod:`rhyme_sglang.cpu_backend`). Requests are keyed by prompt automatic
 the prompt ids) or by ``custom_params["rhyme_prompt_id"]``; finished responses join the
 history (see :func:`on_batch_result`); the epoch advances after a weight update.
 
-Each decode step verifies a batch-wide width chosen by the cost model (0 = a plain decode):
-sglang's verify path needs one node count for every request of a batch (uniform extend
-lengths, ``[bs, n]`` accept buffers), so widths are per step, not per request; a request
-whose drafts are worthless lowers the batch's expected gain and with it the chosen width.
+Each decode step is a plain decode or a verify, chosen by the cost model. With ``ragged``
+(the default on CPU) each request of a verify gets its own width: the cost model takes the
+batch's most probable draft nodes wherever they are (``SpecCostModel.choose_rows``), so a
+request with worthless drafts adds no rows to the step's forward. sglang's verify keeps its
+``[bs, n]`` layout (``n`` = the largest request's width + 1) and only the forward is ragged
+(:func:`step_kinds.ragged_verify`). Without it (GPU, overlap scheduling, ``ragged=False``)
+the width is per step for the whole batch, each request padded to it.
 
 Thread-safety: the scheduler thread and the control thread both take ``self.lock``.
 """
@@ -30,7 +33,7 @@ from sglang.srt.speculative.ngram_worker import NGRAMWorker
 from rhyme_sglang.core import DraftStore, group_leaders, lpt_group_order, prompt_key
 from rhyme_sglang.core.breakdown import decode_kind
 from rhyme_sglang.core.cost_model import PLAIN, SpecCostModel, check_widths, default_widths
-from rhyme_sglang.core.draft import expected_accepts, truncate
+from rhyme_sglang.core.draft import best_first_order, expected_accepts, truncate
 from rhyme_sglang.sglang_ext import step_kinds, timeline
 from rhyme_sglang.sglang_ext.commands import ControlCommands
 from rhyme_sglang.sglang_ext.config import RhymeConfig
@@ -81,6 +84,11 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         kinds = (PLAIN,) + self.widths  # cycle_widths: every ordered pair (a, b) in turn
         self._cycle, self._cycle_step = [x for a in kinds for b in kinds for x in (a, b)], -1
         self._pending_drafts = None  # drafts made while deciding, reused by the verify step
+        self._pending_lens = None  # ragged verify: each request's tree nodes (None: all n)
+        # per-request widths need the synchronous scheduler and the CPU backend's ragged
+        # attention metadata (cpu_backend/patches.py)
+        self.ragged = bool(self.config.ragged and not self.enable_overlap
+                           and str(self.device).startswith("cpu"))
         self._tracked: dict[str, _Tracked] = {}
         self._weights_changed = False
         if self.config.snapshot_path:
@@ -105,39 +113,61 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         bs = len(batch.reqs)
         t0 = time.perf_counter()
         drafts = self._draft_batch(batch)
-        width = self._choose_width(batch, drafts)
-        self._pending_drafts = self._layout(batch, drafts, width) if width else None
+        width, counts = self._choose_width(batch, drafts)
+        self._pending_lens = None
+        self._pending_drafts = self._layout(batch, drafts, width, counts) if width else None
+        lens, self._pending_lens = self._pending_lens, None
         timeline.note_width(width)
         start = time.perf_counter()
         timeline.BREAKDOWN.on_draft(start - t0)
         if width == PLAIN:
             result = step_kinds.plain_decode(self, batch, on_publish)
         else:
-            with step_kinds.verify_width(self, width + 1):
+            nodes = width + 1 if lens is None else max(lens)  # a ragged verify's tree size
+            with step_kinds.verify_width(self, nodes), step_kinds.ragged_verify(self, lens):
                 result = super().forward_batch_generation(batch, on_publish, pp_proxy_tensors)
-        self.cost.observe_step(bs, width, time.perf_counter() - start)
+        rows = None if not width or lens is None else sum(lens)
+        self.cost.observe_step(bs, width, time.perf_counter() - start, rows)
         if self.step_costs is not None:
             self.step_costs.observed(self.cost)
         self.stats.count_step(decode_kind(width))
         return result
 
-    def _choose_width(self, batch, drafts) -> int:
-        """The cost model's width; the largest when widths may not vary (GPU overlap
-        scheduling relays the last step's tokens with a fixed stride; grammar batches) or
-        the model is off (``adaptive=False``)."""
+    def _choose_width(self, batch, drafts):
+        """``(width, counts)``: the step's width (0 = plain) and, for a ragged verify, each
+        request's number of draft nodes (None: every request up to ``width``). The largest
+        width when widths may not vary (GPU overlap scheduling relays the last step's tokens
+        with a fixed stride; grammar batches) or the model is off (``adaptive=False``)."""
         if not (self.config.adaptive and not self.enable_overlap and not batch.has_grammar):
-            return self.max_width
+            return self.max_width, None
         if self.config.cycle_widths:
             self._cycle_step += 1
-            return self._cycle[self._cycle_step % len(self._cycle)]
+            width = self._cycle[self._cycle_step % len(self._cycle)]
+            if not (self.ragged and width and self._cycle_step % 2):
+                return width, None
+            # every other step: request i verifies (i + step) % (width + 1) nodes (0 included)
+            return width, [(i + self._cycle_step) % (width + 1) for i in range(len(drafts))]
+        if self.ragged:
+            return self.cost.choose_rows(len(batch.reqs), [self._gains(d) for d in drafts])
         expected = self.cost.batch_expected(expected_accepts(d, self.widths) for d in drafts)
-        return self.cost.choose_width(len(batch.reqs), expected, calibrated=True)
+        return self.cost.choose_width(len(batch.reqs), expected, calibrated=True), None
+
+    def _gains(self, draft) -> list:
+        """Calibrated expected acceptance of each draft node, in best-first order."""
+        probs = [draft.probs[i] for i in best_first_order(draft)]
+        predicted = sum(probs)
+        if predicted <= 0:
+            return []
+        scale = self.cost.calibrated(predicted) / predicted
+        return [p * scale for p in probs]
 
     # ------------------------------------------------------------ draft source
     def _prepare_draft_tokens(self, batch):
         pending, self._pending_drafts = self._pending_drafts, None
         if pending is None:  # a verify step not prepared by forward_batch_generation
-            pending = self._layout(batch, self._draft_batch(batch), self.draft_token_num - 1)
+            # no ragged forward around this one: every request gets n nodes, padding computed
+            pending = self._layout(batch, self._draft_batch(batch), self.draft_token_num - 1,
+                                   ragged=False)
         return pending
 
     def _draft_batch(self, batch) -> list:
@@ -162,10 +192,14 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
                     self._tracked[req.rid].last = extra[-1]
         return drafts
 
-    def _layout(self, batch, drafts, width: int):
+    def _layout(self, batch, drafts, width: int, counts=None, ragged=None):
         """sglang's verify tree (flat tokens, flat ancestor masks) of each request's ``width``
-        most probable draft nodes; records what each request proposed."""
+        (or ``counts[i]``) most probable draft nodes; records what each request proposed.
+        Ragged (``self.ragged`` unless ``ragged`` says otherwise): the trees are cut to the
+        largest request's nodes and each request's real nodes are kept in
+        ``_pending_lens`` for :func:`step_kinds.ragged_verify`."""
         bs, n = len(batch.reqs), width + 1
+        lens = [n] * bs
         tokens = np.empty((bs, n), dtype=np.int64)
         masks = np.empty((bs, n, n), dtype=bool)
         with self.lock:
@@ -176,10 +210,15 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
                     out_ids = req.output_ids
                     last = out_ids[-1] if len(out_ids) else req.origin_input_ids_unpadded[-1]
                 tracked.last = None
-                draft = truncate(draft, width)
+                draft = truncate(draft, width if counts is None else min(counts[i], width))
                 tokens[i], masks[i], real = draft_to_tree(last, draft.token_ids, draft.parents, n)
                 tracked.proposed = real
                 tracked.predicted = float(sum(draft.probs[:real]))
+                lens[i] = real + 1
+        self._pending_lens = None
+        if self.ragged if ragged is None else ragged:  # padding comes last: drop what no request reaches
+            self._pending_lens, n = lens, max(lens)
+            tokens, masks = tokens[:, :n], masks[:, :n, :n]
         return tokens.reshape(-1), masks.reshape(-1)
 
     def _update_ngram_corpus(self, batch):

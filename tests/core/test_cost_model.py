@@ -228,3 +228,64 @@ def test_calibration_per_prediction_level():
     assert m.calibration > 1.2  # the overall factor ...
     assert m.choose_width(8, {4: 8 * 3.0}) == 4  # ... would verify them
     assert set(m.as_dict()["calibration_by_prediction"]) == {"0.25-0.5", "2-4"}
+
+
+# ------------------------------------------------------------ per-request widths (ragged)
+def _ragged_model():
+    """bs 8: plain 0.20 s; width 4 measured at 2 draft rows per request (16 drafts, 24 rows in
+    the forward) 0.32 s, so a draft row costs 7.5 ms: at plain's 40 tok/s a node is worth
+    verifying when it is accepted with p > 0.3."""
+    m = SpecCostModel(widths=(4, 8), reexplore_every=1000)
+    m.observe_step(8, PLAIN, 0.20)
+    m.observe_step(8, 4, 0.32, rows=24)
+    return m
+
+
+def test_ragged_takes_the_confident_nodes_wherever_they_are():
+    m = _ragged_model()
+    assert m.step_time_rows(8, 0) == pytest.approx(0.20)
+    assert m.step_time_rows(8, 8) == pytest.approx(0.26)  # interpolated: 0.20 + 8 x 7.5 ms
+    assert m.step_time_rows(8, 16) == pytest.approx(0.32)
+    assert m.step_time_rows(8, 32) == pytest.approx(0.44)  # along the last segment
+    # two requests with confident chains, six with worthless drafts
+    gains = [[0.9, 0.85, 0.8, 0.7]] * 2 + [[0.05, 0.02]] * 6
+    width, counts = m.choose_rows(8, gains)
+    assert counts == [4, 4, 0, 0, 0, 0, 0, 0] and width == 4  # (8 + 6.5) / 0.26 s = 56 tok/s
+    # a uniform width 4 would verify 32 drafts: (8 + 6.9) / 0.44 s = 34 tok/s, below plain's 40
+    assert (8 + 2 * 3.25 + 6 * 0.07) / m.step_time_rows(8, 32) < 8 / 0.20
+
+
+def test_ragged_worthless_drafts_and_unmeasured_plain_mean_plain():
+    m = SpecCostModel(widths=(1, 2, 4))
+    assert m.choose_rows(2, [[0.9], [0.9]]) == (PLAIN, [0, 0])  # plain is measured first
+    m.observe_step(2, PLAIN, 0.1)
+    assert m.choose_rows(2, [[], [0.0]]) == (PLAIN, [0, 0])
+    with pytest.raises(ValueError, match="one gain list per request"):
+        m.choose_rows(2, [[0.5]])
+
+
+def test_ragged_width_is_the_smallest_that_holds_the_largest_count():
+    m = _ragged_model()
+    m.observe_step(8, 8, 0.40, rows=8 + 40)
+    gains = [[0.95] * 6] + [[]] * 7  # one request, six confident nodes
+    width, counts = m.choose_rows(8, gains)
+    assert counts == [6, 0, 0, 0, 0, 0, 0, 0] and width == 8
+
+
+def test_ragged_explores_an_unmeasured_cell_once_then_uses_what_it_measured():
+    m = SpecCostModel(widths=(2, 4), reexplore_every=1000)
+    m.observe_step(4, PLAIN, 0.2)
+    gains = [[0.9, 0.9]] * 4
+    width, counts = m.choose_rows(4, gains)  # only plain known: the curve's estimate, explored
+    assert width == 2 and sum(counts) >= 1
+    m.observe_step(4, width, 0.21, rows=4 + sum(counts))
+    width, counts = m.choose_rows(4, gains)
+    assert width == 2 and counts == [2, 2, 2, 2]  # measured cheap: every confident node
+
+
+def test_ragged_observation_checks_rows():
+    m = SpecCostModel(widths=(2,))
+    with pytest.raises(ValueError, match="rows"):
+        m.observe_step(4, 2, 0.1, rows=13)  # more than 4 x 3
+    with pytest.raises(ValueError, match="rows"):
+        m.observe_step(4, 2, 0.1, rows=3)  # fewer than the batch

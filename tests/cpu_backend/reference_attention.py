@@ -53,7 +53,10 @@ def extend_attention_ref(
         keys = torch.cat([k_pre, k_ext.to(k_pre.dtype)], dim=0)
         values = torch.cat([v_pre, v_ext.to(v_pre.dtype)], dim=0)
         mask = None
-        if tree_mask is not None:
+        if tree_mask is not None and tree_mask.dim() == 3:  # ragged verify: [bs, n, n]
+            tm = tree_mask[i, :ext_len, :ext_len].bool()
+            mask = torch.cat([torch.ones(ext_len, prefix_len, dtype=torch.bool), tm], dim=1)
+        elif tree_mask is not None:
             n = ext_len
             tm = tree_mask.view(-1)[i * n * n : (i + 1) * n * n].view(n, n).bool()
             mask = torch.cat([torch.ones(n, prefix_len, dtype=torch.bool), tm], dim=1)

@@ -80,13 +80,17 @@ def _run_extend(op, case, k, v, out_rows):
     return o
 
 
-def _extend_case(draw, uniform_tree: bool):
+def _extend_case(draw, uniform_tree: bool, ragged_tree: bool = False):
     gen = torch.Generator().manual_seed(draw(st.integers(0, 2**16)))
     dtype = draw(DTYPES)
     heads, kv_heads, head_dim, v_dim = _heads(draw)
     bsz = draw(st.integers(1, 4))
     prefix = draw(st.lists(st.integers(0, 9), min_size=bsz, max_size=bsz))
-    if uniform_tree:
+    if ragged_tree:  # RHYME's ragged verify: [bs, n, n] trees, request b runs its first ext[b]
+        n = draw(st.integers(1, 6))
+        ext = draw(st.lists(st.integers(1, n), min_size=bsz, max_size=bsz))
+        tree = torch.stack([_random_tree(gen, n) for _ in range(bsz)])
+    elif uniform_tree:
         n = draw(st.integers(1, 5))
         ext = [n] * bsz
         tree = torch.stack([_random_tree(gen, n) for _ in range(bsz)]).reshape(-1)
@@ -142,6 +146,16 @@ def test_ragged_extend_matches_reference(impl, data):
 def test_tree_verify_matches_reference(impl, data):
     with _impl(impl):
         _check_extend(*_extend_case(data.draw, uniform_tree=True))
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@SETTINGS
+@given(st.data())
+def test_ragged_tree_verify_matches_reference(impl, data):
+    """Requests of one verify run different numbers of their tree's nodes (the top-left block
+    of each ``[n, n]`` tree)."""
+    with _impl(impl):
+        _check_extend(*_extend_case(data.draw, uniform_tree=False, ragged_tree=True))
 
 
 @pytest.mark.parametrize("impl", IMPLS)

@@ -104,6 +104,15 @@ def test_greedy_equals_non_speculative(tiny, baseline, algo, dtype):
     assert sum(o["meta_info"]["spec_num_correct_drafts"] for o in spec) > 0  # speculation ran
 
 
+def test_greedy_with_one_width_per_batch_equals_non_speculative(tiny, baseline):
+    """Per-request widths off (every request padded to the step's width, the padding nodes
+    computed as drafts): the every-width walk keeps plain decoding's greedy tokens."""
+    engine = tiny("tiny-rhyme-cycle-batch-width")
+    for _ in range(2):  # the second round drafts from the first round's history
+        out = [o["output_ids"] for o in engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)]
+        assert out == baseline["float32"]
+
+
 def test_ngram_seed_gives_a_fresh_engine_the_history(tiny, baseline):
     """bench_rollout's NGRAM history: a response seeded into the trie of a fresh NGRAM engine is
     drafted from its first token, and the output stays plain decoding's."""

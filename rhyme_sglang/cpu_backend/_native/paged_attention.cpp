@@ -149,7 +149,8 @@ struct Shapes {
 // One request: queries q [ext, heads, head_dim] (float32), output o [ext, heads, v_dim].
 // Keys 0 .. prefix-1 come from the cache through `locs`; extend keys (offset r = j - prefix)
 // come from k_new/v_new rows r when given, else from the cache too.
-// `tree` [ext, ext] (uint8, row t: which extend offsets query t sees) or null.
+// `tree` [ext, ext] rows of `tree_stride` bytes (uint8, row t: which extend offsets query t
+// sees; a request of a ragged verify uses the top-left ext x ext block of its n x n tree) or null.
 //
 // Why a row's result does not depend on the other rows or on where its keys sit:
 // - a score is sum_d q[d] k[d] over d = 0 .. head_dim-1 in order, the same in every vector
@@ -161,7 +162,8 @@ struct Shapes {
 __attribute__((target_clones("avx512f", "avx2", "default")))
 void attend_request(const Shapes& s, const float* q, float* o, const void* k_cache,
                     const void* v_cache, const void* k_new, const void* v_new,
-                    const int32_t* locs, int64_t seq_len, int64_t ext, const uint8_t* tree) {
+                    const int32_t* locs, int64_t seq_len, int64_t ext, const uint8_t* tree,
+                    int64_t tree_stride) {
     const int64_t h = s.heads, hkv = s.kv_heads, d = s.head_dim, dv = s.v_dim;
     const int64_t group = h / hkv, prefix = seq_len - ext, rows = ext * h;
     const int64_t k_width = hkv * d, v_width = hkv * dv;
@@ -182,7 +184,7 @@ void attend_request(const Shapes& s, const float* q, float* o, const void* k_cac
     // visible(t, j) for an extend key j >= prefix
     auto sees = [&](int64_t t, int64_t j) -> bool {
         const int64_t r = j - prefix;
-        if (tree != nullptr) return tree[t * ext + r] != 0;
+        if (tree != nullptr) return tree[t * tree_stride + r] != 0;
         return !s.causal || r <= t;
     };
 
@@ -316,8 +318,8 @@ void attend(uintptr_t q, uintptr_t o, uintptr_t k_cache, uintptr_t v_cache, uint
         if (exts[b] > 0 && lens[b] < exts[b])
             throw std::invalid_argument("seq_len " + std::to_string(lens[b]) +
                                         " is shorter than its extend length " + std::to_string(exts[b]));
-        if (tree != 0 && exts[b] > 0 && exts[b] != tree_n)
-            throw std::invalid_argument("a tree batch extends every request by n");
+        if (tree != 0 && exts[b] > tree_n)
+            throw std::invalid_argument("a request of a tree batch extends by more than its tree's n");
         work[b + 1] = work[b] + (exts[b] > 0 ? static_cast<double>(lens[b]) * exts[b] : 0.0);
     }
     auto run = [&](int64_t lo, int64_t hi) {
@@ -331,7 +333,7 @@ void attend(uintptr_t q, uintptr_t o, uintptr_t k_cache, uintptr_t v_cache, uint
             attend_request(s, reinterpret_cast<const float*>(q) + start * heads * head_dim,
                            reinterpret_cast<float*>(o) + start * heads * v_dim,
                            reinterpret_cast<const void*>(k_cache), reinterpret_cast<const void*>(v_cache),
-                           kn, vn, r2t + rows[b] * r2t_stride, lens[b], ext, tree_b);
+                           kn, vn, r2t + rows[b] * r2t_stride, lens[b], ext, tree_b, tree_n);
         }
     };
     py::gil_scoped_release release;
