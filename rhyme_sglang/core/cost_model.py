@@ -17,6 +17,16 @@ A cell never measured is estimated from a curve of seconds vs tokens per forward
 every measured cell (linear interpolation; beyond the last point, proportional). Unmeasured
 cells are tried once when their estimate is within ``explore_within`` of the best known rate.
 
+Per-request widths (a ragged verify): :meth:`SpecCostModel.choose_rows` takes, from every
+draft node of the batch, the most probable ones, as many as maximise::
+
+    rate(K) = (bs + sum of the K largest calibrated node probabilities) / seconds(bs, K rows)
+
+with ``seconds(bs, K)`` piecewise linear in the step's draft rows through the bucket's plain
+cell and its verify cells; each cell also keeps (as an EMA) the tokens its steps' forwards ran,
+so a cell stands for the ragged steps it measured. Its cell is the smallest width that holds
+the step's largest request.
+
 The table must not be poisoned by one bad step, because a cell that looks slow is never
 chosen again and so never corrected: on a 2-core CPU a batch-32 plain-decode cell read 1.54 s
 where vanilla's steps took 0.49 s, and RHYME then verified every step of that bucket at x0.63

@@ -9,7 +9,8 @@ Applied by :mod:`.bootstrap` right after the target module executes, only while 
   the intel_amx attention ops, so we declare the platform AMX-capable for that choice.
 * ``lossless_sampling_verify`` (``sglang.srt.speculative.eagle_utils``): on CPU sglang
   commits the target argmax even for sampled requests (no CPU sampling-verify kernel);
-  we route sampled requests through our lossless tree verification and prob renorms.
+  we route sampled requests through our lossless tree verification and prob renorms, whose
+  target probabilities are computed only for the tree rows the walk reads.
 * ``fast_cpu_sampling`` (``sglang.srt.layers.sampler``): plain sampling without top-k/top-p
   (an RL rollout's temperature-only case) draws with :func:`.sampling.sample_rows` instead of
   ``torch.multinomial``, which costs ~1.8 ms a row on CPU at a 49k-token vocabulary. Same
@@ -56,6 +57,8 @@ def lossless_sampling_verify(eagle_utils) -> None:
     )
     eagle_utils.top_k_renorm_prob = sampling.top_k_renorm_prob
     eagle_utils.top_p_renorm_prob = sampling.top_p_renorm_prob
+    # the target probabilities of only the tree rows the walk reads (sampling.VerifyProbs)
+    eagle_utils.sampling_softmax = sampling.lazy_verify_softmax(eagle_utils.sampling_softmax)
     APPLIED.add("lossless_sampling_verify")
 
 

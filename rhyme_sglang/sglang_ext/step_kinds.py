@@ -81,7 +81,8 @@ def ragged_verify(worker, lens):
     if not bool(((lens_t >= 1) & (lens_t <= n)).all()):
         raise ValueError(f"ragged verify lengths must be in [1, {n}], got {lens}")
     bs = len(lens)
-    rows = (torch.arange(n).view(1, n) < lens_t.view(-1, 1)).view(-1).nonzero().view(-1)
+    real = (torch.arange(n).view(1, n) < lens_t.view(-1, 1)).view(-1)
+    rows, padding = real.nonzero().view(-1), (~real).nonzero().view(-1)
 
     def forward(batch, *args, is_verify=False, **kwargs):
         if not is_verify:
@@ -100,8 +101,9 @@ def ragged_verify(worker, lens):
             batch.input_ids, batch.out_cache_loc, spec.positions = saved
             spec.rhyme_verify_lens = None
         logits = out.logits_output.next_token_logits
-        full = logits.new_zeros((bs * n, logits.shape[-1]))
+        full = logits.new_empty((bs * n, logits.shape[-1]))
         full.index_copy_(0, rows, logits)
+        full.index_fill_(0, padding, 0.0)
         out.logits_output.next_token_logits = full
         return out
 

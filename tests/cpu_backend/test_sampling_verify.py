@@ -150,3 +150,54 @@ def test_sampling_impl_env_is_checked(monkeypatch):
     monkeypatch.setenv("RHYME_CPU_SAMPLING", "fast")
     with pytest.raises(ValueError, match="'fast'"):
         sampling_impl()
+
+
+def _dense(logits, temps, ks, ps):
+    probs = torch.softmax(logits / temps, dim=-1)
+    probs = top_k_renorm_prob(probs, torch.tensor(ks))
+    return top_p_renorm_prob(probs, torch.tensor(ps))
+
+
+def test_verify_probs_rows_equal_the_dense_probabilities_and_verify_alike():
+    """sglang's verify path on CPU: softmax (patched to VerifyProbs), renorms, reshape,
+    zeros_like, then the tree walk. Rows computed when read equal the dense ones, and the walk
+    emits the same tokens with the same coins."""
+    from rhyme_sglang.cpu_backend.sampling import VerifyProbs
+
+    gen = torch.Generator().manual_seed(3)
+    bs, n, vocab = 3, 4, 50
+    logits = torch.randn(bs * n, vocab, generator=gen) * 3
+    temps = torch.tensor([[0.7], [1.0], [1.3]]).repeat_interleave(n, dim=0)
+    ks, ps = [5] * n + [0] * n + [50] * n, [0.9] * n + [1.0] * n + [0.5] * n  # per request
+
+    def softmax(x, temperatures=None):
+        return torch.softmax(x / temperatures, dim=-1)
+
+    lazy = VerifyProbs(logits, temps, softmax)
+    lazy = top_p_renorm_prob(top_k_renorm_prob(lazy, torch.tensor(ks)), torch.tensor(ps))
+    assert torch.zeros_like(lazy) is None
+    dense = _dense(logits, temps, ks, ps)
+    lazy = lazy.reshape(bs, n, -1)
+    assert lazy.shape == (bs, n, vocab)
+    for b in range(bs):
+        for node in range(n):
+            torch.testing.assert_close(lazy[b, node], dense[b * n + node], rtol=1e-6, atol=1e-7)
+    with pytest.raises(TypeError, match="row reads only"):
+        torch.sum(lazy)
+    # the same walk with the same coins: chains 0 -> 1 -> 2 -> 3 of each row's argmax tokens
+    candidates = dense.view(bs, n, -1).argmax(-1)
+    candidates = torch.cat([candidates[:, :1], candidates[:, :-1]], dim=1)
+    outs = []
+    for probs in (VerifyProbs(logits, temps, softmax).reshape(bs, n, -1), dense.view(bs, n, -1)):
+        if isinstance(probs, VerifyProbs):
+            probs.with_top_k(torch.tensor(ks)).with_top_p(torch.tensor(ps))
+        predicts = torch.full((bs * n,), -1, dtype=torch.int32)
+        accept_index = torch.full((bs, n), -1, dtype=torch.int32)
+        accept_num = torch.zeros(bs, dtype=torch.int32)
+        tree_speculative_sampling_target_only(
+            predicts, accept_index, accept_num, candidates,
+            torch.arange(bs * n).view(bs, n), torch.tensor([[1, 2, 3, -1]] * bs),
+            torch.full((bs, n), -1), torch.rand(bs, n, generator=torch.Generator().manual_seed(5)),
+            torch.rand(bs, generator=torch.Generator().manual_seed(6)), probs, None)
+        outs.append((predicts.tolist(), accept_index.tolist(), accept_num.tolist()))
+    assert outs[0] == outs[1]
