@@ -84,7 +84,6 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         kinds = (PLAIN,) + self.widths  # cycle_widths: every ordered pair (a, b) in turn
         self._cycle, self._cycle_step = [x for a in kinds for b in kinds for x in (a, b)], -1
         self._pending_drafts = None  # drafts made while deciding, reused by the verify step
-        self._pending_lens = None  # ragged verify: each request's tree nodes (None: all n)
         # per-request widths need the synchronous scheduler and the CPU backend's ragged
         # attention metadata (cpu_backend/patches.py)
         self.ragged = bool(self.config.ragged and not self.enable_overlap
@@ -114,9 +113,10 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         t0 = time.perf_counter()
         drafts = self._draft_batch(batch)
         width, counts = self._choose_width(batch, drafts)
-        self._pending_lens = None
-        self._pending_drafts = self._layout(batch, drafts, width, counts) if width else None
-        lens, self._pending_lens = self._pending_lens, None
+        lens = None  # a ragged verify: each request's tree nodes
+        if width:
+            tokens, masks, lens = self._layout(batch, drafts, width, counts)
+            self._pending_drafts = tokens, masks
         timeline.note_width(width)
         start = time.perf_counter()
         timeline.BREAKDOWN.on_draft(start - t0)
@@ -166,8 +166,9 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         pending, self._pending_drafts = self._pending_drafts, None
         if pending is None:  # a verify step not prepared by forward_batch_generation
             # no ragged forward around this one: every request gets n nodes, padding computed
-            pending = self._layout(batch, self._draft_batch(batch), self.draft_token_num - 1,
-                                   ragged=False)
+            tokens, masks, _ = self._layout(batch, self._draft_batch(batch),
+                                            self.draft_token_num - 1, ragged=False)
+            pending = tokens, masks
         return pending
 
     def _draft_batch(self, batch) -> list:
@@ -194,10 +195,10 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
 
     def _layout(self, batch, drafts, width: int, counts=None, ragged=None):
         """sglang's verify tree (flat tokens, flat ancestor masks) of each request's ``width``
-        (or ``counts[i]``) most probable draft nodes; records what each request proposed.
-        Ragged (``self.ragged`` unless ``ragged`` says otherwise): the trees are cut to the
-        largest request's nodes and each request's real nodes are kept in
-        ``_pending_lens`` for :func:`step_kinds.ragged_verify`."""
+        (or ``counts[i]``) most probable draft nodes, and each request's real nodes (None:
+        every request runs all ``width + 1``); records what each request proposed. Ragged
+        (``self.ragged`` unless ``ragged`` says otherwise): the trees are cut to the largest
+        request's nodes, for :func:`step_kinds.ragged_verify`."""
         bs, n = len(batch.reqs), width + 1
         lens = [n] * bs
         tokens = np.empty((bs, n), dtype=np.int64)
@@ -215,11 +216,10 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
                 tracked.proposed = real
                 tracked.predicted = float(sum(draft.probs[:real]))
                 lens[i] = real + 1
-        self._pending_lens = None
-        if self.ragged if ragged is None else ragged:  # padding comes last: drop what no request reaches
-            self._pending_lens, n = lens, max(lens)
-            tokens, masks = tokens[:, :n], masks[:, :n, :n]
-        return tokens.reshape(-1), masks.reshape(-1)
+        if not (self.ragged if ragged is None else ragged):
+            return tokens.reshape(-1), masks.reshape(-1), None
+        n = max(lens)  # padding comes last: drop the nodes no request reaches
+        return tokens[:, :n].reshape(-1), masks[:, :n, :n].reshape(-1), lens
 
     def _update_ngram_corpus(self, batch):
         """Accepted tokens reach the store at the next draft (or at finish), not here."""
