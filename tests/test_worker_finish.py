@@ -32,10 +32,36 @@ def test_tokens_a_verify_step_accepted_past_the_stop_stay_out_of_the_history():
     assert isinstance(getattr(Req, "output_ids_through_stop", None), property)
     worker = _worker()
     worker._sync(_req("r0", [9, 9], 4), [9, 9])  # synced while decoding, before the finish
-    worker.on_batch_result(SimpleNamespace(reqs=[_req("r0", [9, 9, 9, 9, 9], 4),
-                                                 _req("r1", [8, 8, 8], 3)]))
+    reqs = [_req("r0", [9, 9, 9, 9, 9], 4), _req("r1", [8, 8, 8], 3)]
+    worker.on_finished(reqs)
     responses = sorted(r["response"] for r in worker.store.export_prompt("p")["records"])
     assert responses == [[8, 8, 8], [9, 9, 9, 9]]
     assert worker._tracked == {}
 
 
+def test_a_finished_request_joins_the_history_once():
+    """The stream hook (before the output leaves) and the batch-result hook (after) both see a
+    finished request; it is added once."""
+    worker = _worker()
+    reqs = [_req("r0", [9, 9, 9], 3)]
+    worker.on_finished(reqs)
+    worker.on_finished(reqs)
+    assert worker.store.num_responses == 1 and worker._tracked == {}
+
+
+def test_the_stream_hook_runs_before_sglangs_output_streamer():
+    """Finished responses reach the history before a client can read them: the hook is
+    registered BEFORE sglang's ``stream_output``, at a path that resolves (sglang only logs a
+    target it cannot resolve)."""
+    import pkgutil
+
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from rhyme_sglang.sglang_ext import plugin
+
+    plugin.register()
+    target = ("sglang.srt.managers.scheduler_components.output_streamer."
+              "SchedulerOutputStreamer.stream_output")
+    assert (HookType.BEFORE, plugin.stream_hook) in [
+        (kind, hook) for kind, hook, *_ in HookRegistry._hooks[target]]
+    assert callable(pkgutil.resolve_name(target))

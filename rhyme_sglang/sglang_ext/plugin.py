@@ -4,7 +4,11 @@ sglang calls :func:`register` at start-up in the main, scheduler and detokenizer
 It registers the ``RHYME`` speculative algorithm through ``SpeculativeAlgorithm.register``
 and three named hooks through sglang's ``HookRegistry``:
 
-* ``finish_hook`` after ``Scheduler.process_batch_result``: finished responses -> history;
+* ``stream_hook`` before ``SchedulerOutputStreamer.stream_output``: finished responses join
+  the history before their output leaves the scheduler, so a client that has its response
+  finds it in the history (stats, rewards by ``(prompt_id, sample)``); the control thread
+  answered before the history had it while the CPU was busy (stop 30). ``finish_hook`` after
+  ``Scheduler.process_batch_result`` catches any finished request not streamed;
 * ``weights_hook`` after sglang records a successful weight load (disk, tensor,
   distributed or IPC): the history epoch advances before the next draft;
 * ``ordering_hook`` after ``SchedulePolicy.calc_priority``: longest-predicted-first queue;
@@ -37,8 +41,14 @@ def _worker():
 def finish_hook(result, scheduler, batch, *args, **kwargs):
     worker = _worker() if batch is not None else None
     if worker is not None:
-        worker.on_batch_result(batch)
+        worker.on_finished(batch.reqs)
     return result
+
+
+def stream_hook(streamer, reqs, *args, **kwargs):
+    worker = _worker()
+    if worker is not None and reqs:
+        worker.on_finished(reqs)
 
 
 def weights_hook(result, *args, **kwargs):
@@ -146,6 +156,8 @@ def register() -> None:
     SpeculativeAlgorithm.register(ALGORITHM, supports_overlap=True, spec_class=_spec_class())(
         _worker_factory
     )
+    HookRegistry.register("sglang.srt.managers.scheduler_components.output_streamer."
+                          "SchedulerOutputStreamer.stream_output", stream_hook, HookType.BEFORE)
     HookRegistry.register("sglang.srt.managers.scheduler.Scheduler.process_batch_result",
                           finish_hook, HookType.AFTER)
     HookRegistry.register(

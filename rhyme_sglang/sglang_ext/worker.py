@@ -248,15 +248,18 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         tracked.synced = base + len(extra)
 
     # --------------------------------------------------------- request lifecycle
-    def on_batch_result(self, batch) -> None:
-        """After sglang processed a batch: finished requests join the history."""
+    def on_finished(self, reqs) -> None:
+        """Finished requests among ``reqs`` join the history, once each: called before sglang
+        streams their output and after it processed their batch."""
         with self.lock:
-            for req in batch.reqs:
-                if req.finished():
+            for req in reqs:
+                if req.finished() and not getattr(req, "_rhyme_finished", False):
                     self._finish(req)
 
     def _finish(self, req) -> None:
         from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+        req._rhyme_finished = True
 
         # a verify step may accept tokens past a stop or max_new_tokens: sglang keeps them in
         # output_ids and returns only those through the stop; so does the history
