@@ -52,9 +52,9 @@ $(MODELS_STAMP): $(STAMP) rhyme_sglang/models.py
 	$(VPY) -m rhyme_sglang.models prepare smollm2
 	touch $@
 
-# Four pytest processes (scripts/run_tests.py): the lossless suite, the other engine modules
-# (one engine alive at a time), the driver's tests (Ray) and the rest. They run on one lane per
-# two usable cores (on 2 cores one lane, shortest job first).
+# Five pytest processes (scripts/run_tests.py): the lossless suite, the server modules, the
+# other engine modules (one engine alive at a time), the driver's tests (Ray) and the rest. They
+# run on one lane per two usable cores (on 2-3 cores two lanes sharing them).
 test: setup models
 	$(VPY) scripts/run_tests.py
 

@@ -1,25 +1,26 @@
 """Run the test suite as separate pytest processes on parallel lanes (what `make test` calls).
 
 Each job is one pytest process: the engine-free tests in two jobs (the driver's, which start
-Ray, and the rest), the lossless suite on its own, and the other engine modules under
-``tests/sglang`` together. Their engines share one process: the session's ``EnginePool``
-keeps one alive at a time, and after the first, each starts in a few seconds (its scheduler
-and detokenizer are forked from a process that has sglang imported already; see
-``rhyme_sglang/sglang_ext/forkserver.py``), where a job of its own paid ~15 s to import sglang
-and ~20 s for its first engine (stop 16, 2-core avx2 machine: the seven modules took 9:41 as
-seven jobs and 6:38 as one, in the same hour). A crashed engine ends its job, and the runner reports that job's log. On
-several lanes jobs are taken longest-expected-first by whichever lane is free (LPT list
-scheduling), so the lossless suite starts at once and the short jobs fill the gaps; one lane
-runs the shortest first. A job's output is kept in a log and printed when it ends: in full
-when it failed, its summary line when it passed.
+Ray, and the rest), the lossless suite on its own, the engine modules that start HTTP servers
+(router, server) together, and the other engine modules under ``tests/sglang`` together. Their
+engines share one process: the session's ``EnginePool`` keeps one alive at a time, and after
+the first, each starts in a few seconds (its scheduler and detokenizer are forked from a process
+that has sglang imported already; see ``rhyme_sglang/sglang_ext/forkserver.py``), where a job of
+its own paid ~15 s to import sglang and ~20 s for its first engine (stop 16, 2-core avx2
+machine: the seven modules took 9:41 as seven jobs and 6:38 as one, in the same hour). A crashed
+engine ends its job, and the runner reports that job's log. Lanes take jobs in turn from one
+queue (see :func:`run_order`). A job's output is kept in a log and printed when it ends: in
+full when it failed, its summary line when it passed.
 
-Lanes default to one per two usable cores, and each lane is pinned to its own share of them:
-an engine job keeps about two cores busy by itself (measured on the lossless suite: scheduler
-~1.0, detokenizer ~0.6-0.8, the test process's tokenizer manager ~0.5 of a core), and the
-driver's jobs run Ray with two engines and a trainer. On a 2-core machine two lanes were
-slower than one (stop 13, clean clone: the lossless suite 9:21 alone -> 13:29, the driver
-tests ~4:30 -> 23:08, test_rhyme_engine 3:19 -> 8:32), so there it runs one lane, job after job.
-``RHYME_TEST_LANES`` or ``--lanes`` overrides it.
+Lanes default to one per two usable cores, each pinned to its own two or more, and to two lanes
+sharing the cores on a machine with two or three. One job alone leaves much of a 2-core machine
+idle: an engine's greedy tests keep one core busy (the scheduler), server starts wait on each
+other, and the driver's tests mostly wait for engines to start (stop 30, AMX Xeon: ~60% busy
+over a one-lane run). Measured on 2 cores (stop 30): one lane 21:57; two lanes sharing both
+cores 16:43-17:05 (the lossless suite 8:01 -> 9:44-10:06 beside another job). Two lanes each
+pinned to one core were far slower (stop 13: the driver tests ~4:30 -> 23:08): an engine job
+needs more than one core at its peaks (scheduler, detokenizer, tokenizer manager).
+``RHYME_TEST_LANES`` or ``--lanes`` overrides the count.
 
     python scripts/run_tests.py [--lanes N] [--list] [-- PYTEST_ARGS...]
 """
@@ -39,13 +40,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LOSSLESS = "tests/sglang/test_spec_lossless.py"
 
-# Expected seconds per job, measured one at a time on a 2-core avx2 machine (stop 16); only the
+# The engine modules that start HTTP servers (each its own process tree) run as a job of their
+# own, beside the in-process engine modules.
+SERVERS = ["tests/sglang/test_router.py", "tests/sglang/test_server_http.py"]
+
+# Expected seconds per job, measured one at a time on a 2-core AMX machine (stop 30); only the
 # order of jobs depends on them. A job missing here: DEFAULT_S.
 EXPECTED_S = {
-    "tests/sglang": 400,
-    LOSSLESS: 440,
-    "tests/driver": 310,
-    "unit": 100,
+    LOSSLESS: 480,
+    "tests/driver": 285,
+    "tests/sglang": 250,
+    "tests/sglang servers": 210,
+    "unit": 90,
 }
 DEFAULT_S = 60
 
@@ -55,29 +61,39 @@ def jobs() -> list[tuple[str, list[str]]]:
     out = [("unit", ["tests", "--ignore=tests/sglang", "--ignore=tests/driver"]),
            ("tests/driver", ["tests/driver"]),
            (LOSSLESS, [LOSSLESS]),
-           ("tests/sglang", ["tests/sglang", f"--ignore={LOSSLESS}"])]
+           ("tests/sglang", ["tests/sglang", f"--ignore={LOSSLESS}",
+                             *(f"--ignore={m}" for m in SERVERS)]),
+           ("tests/sglang servers", list(SERVERS))]
     return sorted(out, key=lambda job: -EXPECTED_S.get(job[0], DEFAULT_S))
 
 
 def run_order(lanes: int) -> list[tuple[str, list[str]]]:
-    """Several lanes: longest first (LPT). One lane: shortest first, so a failure shows early."""
-    return jobs() if lanes > 1 else jobs()[::-1]
+    """One lane: shortest first, so a failure shows early. Several lanes: the shortest job
+    first, then longest first (LPT): the short job shares the machine at the start instead of
+    running alone at the end on a half-idle machine (stop 30, 2 cores: the unit job alone for
+    the last 1:39 of 16:43)."""
+    order = jobs()
+    return order[::-1] if lanes == 1 else order[-1:] + order[:-1]
 
 
 def default_lanes() -> int:
+    """``RHYME_TEST_LANES``, else one lane per two usable cores, and two lanes sharing the cores
+    on a machine with two or three."""
     env = os.environ.get("RHYME_TEST_LANES")
     if env:
         if not env.isdigit() or int(env) < 1:
             raise ValueError(f"RHYME_TEST_LANES must be a positive integer, got {env!r}")
         return int(env)
-    return max(1, len(os.sched_getaffinity(0)) // 2)
+    cores = len(os.sched_getaffinity(0))
+    return max(1, cores // 2) if cores >= 4 else min(2, cores)
 
 
 def lane_cpus(lanes: int) -> list[set[int]]:
-    """Each lane's CPUs: the usable ones split into ``lanes`` contiguous shares (a lane that
-    would get none shares them all)."""
+    """Each lane's CPUs: the usable ones split into ``lanes`` contiguous shares of at least two
+    (an engine job keeps about two cores busy at its peaks); with fewer, every lane shares them
+    all and the kernel balances the lanes."""
     cpus = sorted(os.sched_getaffinity(0))
-    if lanes <= 1 or lanes > len(cpus):
+    if lanes <= 1 or 2 * lanes > len(cpus):
         return [set(cpus)] * lanes
     size = len(cpus) // lanes
     return [set(cpus[i * size:(i + 1) * size if i < lanes - 1 else None]) for i in range(lanes)]

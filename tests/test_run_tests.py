@@ -14,26 +14,43 @@ run_tests = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(run_tests)
 
 
-def test_engine_modules_share_a_job_the_lossless_suite_has_its_own():
+def test_engine_modules_share_a_job_the_lossless_suite_and_servers_have_their_own():
     jobs = dict(run_tests.jobs())
-    assert set(jobs) == {"unit", "tests/driver", "tests/sglang", run_tests.LOSSLESS}
+    assert set(jobs) == {"unit", "tests/driver", "tests/sglang", "tests/sglang servers",
+                         run_tests.LOSSLESS}
     assert (ROOT / run_tests.LOSSLESS).is_file()
     assert jobs[run_tests.LOSSLESS] == [run_tests.LOSSLESS]
-    assert jobs["tests/sglang"] == ["tests/sglang", f"--ignore={run_tests.LOSSLESS}"]
+    assert all((ROOT / m).is_file() for m in run_tests.SERVERS)
+    assert jobs["tests/sglang servers"] == run_tests.SERVERS
+    # every other tests/sglang module runs in the engines job, each module in one job only
+    ignored = {a.split("=", 1)[1] for a in jobs["tests/sglang"] if a.startswith("--ignore=")}
+    assert ignored == {run_tests.LOSSLESS, *run_tests.SERVERS}
     assert "--ignore=tests/sglang" in jobs["unit"] and "--ignore=tests/driver" in jobs["unit"]
     names = [name for name, _ in run_tests.jobs()]
     expected = [run_tests.EXPECTED_S.get(n, run_tests.DEFAULT_S) for n in names]
     assert expected == sorted(expected, reverse=True)  # longest first
 
 
-def test_lanes_split_the_cpus_without_overlap():
+def test_lanes_split_the_cpus_without_overlap(monkeypatch):
+    """Lanes of at least two cores each get disjoint shares; with fewer cores they share all."""
     cpus = sorted(os.sched_getaffinity(0))
     assert run_tests.lane_cpus(1) == [set(cpus)]
-    if len(cpus) >= 2:
+    for machine in (list(range(2)), list(range(3)), list(range(4)), list(range(9))):
+        monkeypatch.setattr(run_tests.os, "sched_getaffinity", lambda _pid, m=machine: set(m))
         shares = run_tests.lane_cpus(2)
-        assert shares[0] and shares[1] and not shares[0] & shares[1]
-        assert shares[0] | shares[1] == set(cpus)
-    assert run_tests.lane_cpus(len(cpus) + 1) == [set(cpus)] * (len(cpus) + 1)
+        if len(machine) < 4:
+            assert shares == [set(machine)] * 2
+        else:
+            assert all(len(s) >= 2 for s in shares) and not shares[0] & shares[1]
+            assert shares[0] | shares[1] == set(machine)
+        assert run_tests.lane_cpus(len(machine)) == [set(machine)] * len(machine)
+
+
+def test_default_lanes_follow_the_cores(monkeypatch):
+    monkeypatch.delenv("RHYME_TEST_LANES", raising=False)
+    for cores, lanes in ((1, 1), (2, 2), (3, 2), (4, 2), (8, 4)):
+        monkeypatch.setattr(run_tests.os, "sched_getaffinity", lambda _pid, n=cores: set(range(n)))
+        assert run_tests.default_lanes() == lanes, cores
 
 
 def test_lanes_from_the_environment(monkeypatch):
@@ -43,7 +60,8 @@ def test_lanes_from_the_environment(monkeypatch):
     with pytest.raises(ValueError, match="RHYME_TEST_LANES"):
         run_tests.default_lanes()
     monkeypatch.delenv("RHYME_TEST_LANES")
-    assert run_tests.default_lanes() == max(1, len(os.sched_getaffinity(0)) // 2)
+    cores = len(os.sched_getaffinity(0))
+    assert run_tests.default_lanes() == (cores // 2 if cores >= 4 else min(2, cores))
 
 
 def test_passed_job_summary_keeps_the_slowest_tests_and_the_counts():
@@ -53,3 +71,12 @@ def test_passed_job_summary_keeps_the_slowest_tests_and_the_counts():
     assert run_tests._summary(log) == ["12.00s call     tests/a.py::test_x",
                                        "3.00s setup    tests/b.py::test_y", "4 passed in 15.1s"]
     assert run_tests._summary(["..", "2 passed in 1.0s"]) == ["2 passed in 1.0s"]
+
+
+def test_run_order_one_lane_shortest_first_several_lanes_shortest_then_longest():
+    expected = lambda order: [run_tests.EXPECTED_S.get(n, run_tests.DEFAULT_S) for n, _ in order]
+    one = expected(run_tests.run_order(1))
+    assert one == sorted(one)
+    two = expected(run_tests.run_order(2))
+    assert two[0] == min(two) and two[1:] == sorted(two[1:], reverse=True)
+    assert sorted(run_tests.run_order(2)) == sorted(run_tests.jobs())
