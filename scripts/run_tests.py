@@ -17,9 +17,12 @@ sharing the cores on a machine with two or three. One job alone leaves much of a
 idle: an engine's greedy tests keep one core busy (the scheduler), server starts wait on each
 other, and the driver's tests mostly wait for engines to start (stop 30, AMX Xeon: ~60% busy
 over a one-lane run). Measured on 2 cores (stop 30): one lane 21:57; two lanes sharing both
-cores 16:43-17:05 (the lossless suite 8:01 -> 9:44-10:06 beside another job). Two lanes each
-pinned to one core were far slower (stop 13: the driver tests ~4:30 -> 23:08): an engine job
-needs more than one core at its peaks (scheduler, detokenizer, tokenizer manager).
+cores 16:43-17:05 (the lossless suite 8:01 -> 9:44-10:06 beside another job). Stop 13 had
+measured two shared lanes slower than one (the driver tests ~4:30 -> 23:08), before engines were
+forked from a fork server and while the tests' trainer ran on both cores (an OpenMP thread whose
+core the other lane holds stalls at every barrier; ``configs/tiny.yaml`` now trains on one).
+A lane is pinned only to two or more cores: an engine job needs more than one at its peaks
+(scheduler, detokenizer, tokenizer manager).
 ``RHYME_TEST_LANES`` or ``--lanes`` overrides the count.
 
     python scripts/run_tests.py [--lanes N] [--list] [-- PYTEST_ARGS...]
