@@ -46,6 +46,26 @@ def _side_by_side(config) -> None:
           f"{h['makespan_s']:.1f}s, {h['tokens_per_s']:.0f} tok/s, tau {h['tau']:.2f} | "
           f"RHYME vs vanilla: x{r['speedup_tokens_per_s']:.2f} tok/s "
           f"(x{r['speedup_makespan']:.2f} makespan)", flush=True)
+    for name, label in (("vanilla", "vanilla"), ("rhyme", "RHYME")):
+        print(f"    {label}: {_steps_line(r[name].get('breakdown'))}", flush=True)
+
+
+def _steps_line(breakdown) -> str:
+    """A side-by-side engine's decode steps by kind: count, seconds, and a step's mean batch,
+    forward rows (tree nodes verified) and tokens emitted."""
+    if not breakdown:
+        return "no breakdown"
+    parts = []
+    for kind, v in sorted(breakdown["decode"].items(), key=lambda kv: -kv[1]["seconds"]):
+        steps = v["steps"] or 1
+        parts.append(f"{kind} {v['steps']} steps {v['seconds']:.1f}s ({v['seconds'] / steps:.3f} s, "
+                     f"batch {v['requests'] / steps:.1f}, {v.get('rows', 0) / steps:.1f} rows in, "
+                     f"{v['tokens'] / steps:.1f} tokens out a step)")
+    pre = breakdown["prefill"]
+    parts.append(f"prefill {pre['seconds']:.1f}s")
+    other = breakdown["postprocess_s"] + breakdown["schedule_s"]
+    parts.append(f"other {other:.1f}s")
+    return "; ".join(parts)
 
 
 def _stop_ray() -> None:

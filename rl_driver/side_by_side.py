@@ -7,7 +7,8 @@ history (every traced epoch, with rewards, imported with ``rhyme_import_history`
 the run's resolved dtype and threads, the same sampling parameters and the same maximum
 length, so the ratio shows what history drafting gives the next epoch. Response lengths are
 sampled, so the figure of merit is output tokens per second; the makespan ratio is reported
-too.
+too, and each engine's time breakdown of the timed rollout (decode steps by kind with their
+seconds, prefill, overheads: :func:`rl_driver.metrics.summarize_breakdown`).
 
 Each engine runs in a child process whose output (SGLang's start-up logs and warnings) goes to
 ``runs/<name>/side_by_side_{vanilla,rhyme}.log``.
@@ -75,6 +76,7 @@ def _time_one(config, name: str, barrier=None) -> Dict[str, Any]:
 
     from rhyme_sglang import Engine
     from rhyme_sglang.models import resolve_model_path
+    from rl_driver.metrics import summarize_breakdown
     from rl_driver.tasks import build_prompts
 
     prompts = build_prompts(config.task, AutoTokenizer.from_pretrained(
@@ -91,8 +93,11 @@ def _time_one(config, name: str, barrier=None) -> Dict[str, Any]:
             logger.info("side by side: RHYME got %d history responses", added)
         if barrier is not None:
             barrier.wait()
-        return engine.loop.run_until_complete(
+        engine.rhyme_breakdown(reset=True)  # the timed rollout's window only
+        out = engine.loop.run_until_complete(
             _rollout(engine, prompts, config.rollout.group_size, config.rollout.sampling_params()))
+        out["breakdown"] = summarize_breakdown(engine.rhyme_breakdown())
+        return out
     finally:
         engine.shutdown()
 

@@ -4,7 +4,9 @@
 
 * ``prefill``: steps, seconds, tokens computed and prefix-cache hits (tokens not recomputed);
 * ``decode``: per step kind (``plain``, ``verify_w<width>``): steps, seconds, requests
-  (summed batch sizes) and tokens emitted;
+  (summed batch sizes), tokens emitted and rows (tokens the forwards ran: a plain step's
+  batch size, a verify's tree nodes; a per-request verify runs fewer than its width's
+  ``requests * (width + 1)``);
 * ``draft_s`` (draft lookups, part of the decode steps' seconds), ``postprocess_s`` (result processing after
   each forward), ``schedule_s`` (between steps while requests are in flight) and ``idle_s``
   (between steps with nothing in flight);
@@ -27,17 +29,22 @@ class StepTotals:
     seconds: float = 0.0
     requests: int = 0
     tokens: int = 0
+    rows: int = 0
 
-    def add(self, seconds: float, requests: int, tokens: int) -> None:
+    def add(self, seconds: float, requests: int, tokens: int, rows: int = 0) -> None:
         self.steps += 1
         self.seconds += seconds
         self.requests += requests
         self.tokens += tokens
+        self.rows += rows
 
-    def as_dict(self) -> dict:
-        return {"steps": self.steps, "seconds": self.seconds, "requests": self.requests,
-                "tokens": self.tokens,
-                "tokens_per_s": self.tokens / self.seconds if self.seconds > 0 else None}
+    def as_dict(self, rows: bool = False) -> dict:
+        out = {"steps": self.steps, "seconds": self.seconds, "requests": self.requests,
+               "tokens": self.tokens,
+               "tokens_per_s": self.tokens / self.seconds if self.seconds > 0 else None}
+        if rows:
+            out["rows"] = self.rows
+        return out
 
 
 def decode_kind(width: int) -> str:
@@ -83,9 +90,12 @@ class TimeBreakdown:
         self._record(start, "prefill", requests, seconds, tokens)
 
     def on_decode(self, start: float, width: int, seconds: float, requests: int,
-                  tokens: int) -> None:
+                  tokens: int, rows: Optional[int] = None) -> None:
+        """A decode step; ``rows``: the tokens its forward ran (None: ``requests * (width +
+        1)``, every request at the full width)."""
         kind = decode_kind(width)
-        self.decode.setdefault(kind, StepTotals()).add(seconds, requests, tokens)
+        rows = requests * (width + 1) if rows is None else rows
+        self.decode.setdefault(kind, StepTotals()).add(seconds, requests, tokens, rows)
         self._record(start, kind, requests, seconds, tokens)
 
     def on_draft(self, seconds: float) -> None:
@@ -116,7 +126,7 @@ class TimeBreakdown:
         return {
             "window_s": window,
             "prefill": dict(self.prefill.as_dict(), cached_tokens=self.cached_tokens),
-            "decode": {k: v.as_dict() for k, v in sorted(self.decode.items())},
+            "decode": {k: v.as_dict(rows=True) for k, v in sorted(self.decode.items())},
             "draft_s": self.draft_s,
             "postprocess_s": self.postprocess_s,
             "schedule_s": self.schedule_s,

@@ -20,12 +20,14 @@ from rhyme_sglang.core.breakdown import TimeBreakdown
 
 logger = logging.getLogger(__name__)
 BREAKDOWN = TimeBreakdown()
-_STEP = {"width": None, "fixed_width": None, "tokens_before": 0}
+_STEP = {"width": None, "rows": None, "fixed_width": None, "tokens_before": 0}
 
 
-def note_width(width: int) -> None:
-    """The RHYME worker's verify width for the step being run (0 = plain decode)."""
+def note_width(width: int, rows=None) -> None:
+    """The RHYME worker's verify width for the step being run (0 = plain decode) and, for a
+    per-request verify, the tree nodes its forward runs (None: every request at ``width``)."""
     _STEP["width"] = width
+    _STEP["rows"] = rows
 
 
 def _fixed_width(scheduler) -> int:
@@ -55,7 +57,7 @@ def _prefix_tokens(batch) -> int:
 def run_batch_hook(original, *args, **kwargs):
     scheduler, batch = args[0], args[1] if len(args) > 1 else kwargs.get("batch")
     mode = batch.forward_mode
-    _STEP["width"] = None
+    _STEP["width"] = _STEP["rows"] = None
     cached = _prefix_tokens(batch) if mode.is_extend() or mode.is_mixed() else 0
     start = time.perf_counter()
     BREAKDOWN.on_step_start(start)
@@ -67,7 +69,7 @@ def run_batch_hook(original, *args, **kwargs):
         _STEP["decode"] = None
     elif mode.is_decode():
         width = _STEP["width"] if _STEP["width"] is not None else _fixed_width(scheduler)
-        _STEP["decode"] = (start, width, seconds, len(batch.reqs))
+        _STEP["decode"] = (start, width, seconds, len(batch.reqs), _STEP["rows"])
     else:
         _STEP["decode"] = None
     return result
@@ -83,7 +85,8 @@ def result_hook(original, *args, **kwargs):
         return result
     step = _STEP.pop("decode", None)
     if step is not None:
-        BREAKDOWN.on_decode(step[0], step[1], step[2], step[3], _emitted(batch) - before)
+        BREAKDOWN.on_decode(step[0], step[1], step[2], step[3], _emitted(batch) - before,
+                            rows=step[4])
     busy = any(not req.finished() for req in batch.reqs) or bool(
         getattr(scheduler, "waiting_queue", None))
     BREAKDOWN.on_step_end(end - start, busy, end)

@@ -117,7 +117,7 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         if width:
             tokens, masks, lens = self._layout(batch, drafts, width, counts)
             self._pending_drafts = tokens, masks
-        timeline.note_width(width)
+        timeline.note_width(width, None if lens is None else sum(lens))
         start = time.perf_counter()
         timeline.BREAKDOWN.on_draft(start - t0)
         if width == PLAIN:

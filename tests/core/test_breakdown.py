@@ -33,6 +33,7 @@ def test_parts_add_up_and_gaps_split_into_scheduling_and_idle():
                             "tokens_per_s": 800.0, "cached_tokens": 300}
     assert set(d["decode"]) == {"plain", "verify_w8"}
     assert d["decode"]["verify_w8"]["tokens"] == 12
+    assert d["decode"]["verify_w8"]["rows"] == 4 * 9 and d["decode"]["plain"]["rows"] == 1
     assert d["schedule_s"] == pytest.approx(0.2) and d["idle_s"] == pytest.approx(1.0)
     assert d["postprocess_s"] == pytest.approx(0.2) and d["draft_s"] == pytest.approx(0.05)
     # before the first step (1 s) and after the last (0.5 s) nothing is accounted
@@ -46,8 +47,10 @@ def test_reset_starts_a_new_window_and_the_timeline_stays_bounded():
     b = TimeBreakdown(max_steps=8, clock=clock)
     for i in range(100):
         b.on_decode(100.0 + i, 1, 0.01, requests=2, tokens=3)
+    b.on_decode(200.0, 16, 0.3, requests=4, tokens=9, rows=11)  # a per-request verify
     d = b.as_dict(now=200.0)
     assert d["decode"]["verify_w1"]["steps"] == 100
+    assert d["decode"]["verify_w16"]["rows"] == 11
     assert len(d["timeline"]) < 8 and d["timeline_stride"] >= 16
     clock.t = 300.0
     b.reset()
