@@ -41,6 +41,27 @@ def test_table_and_seed_round_trip():
     assert fresh.choose_width(4, expected) == model.choose_width(4, expected)
 
 
+def test_ragged_cells_keep_their_rows_through_the_file(cost_file):
+    """A per-request verify cell measured at 3 rows per request must not come back as a
+    full-width (9 rows) cell: rows would then look three times cheaper than they cost."""
+    model = SpecCostModel(widths=(8,))
+    model.observe_step(4, PLAIN, 0.2)
+    model.observe_step(4, 8, 0.5, rows=12)  # 4 requests, 12 rows: 3 per request
+    assert model.rows_table() == {(4, PLAIN): 1.0, (4, 8): 3.0}
+    cache = step_costs.StepCostCache("k")
+    cache.observed(model)
+    cache.flush(model)
+    assert step_costs.load_rows("k") == {(4, PLAIN): 1.0, (4, 8): 3.0}
+    warm = SpecCostModel(widths=(8,))
+    assert step_costs.StepCostCache("k").seed(warm) == 2
+    assert warm.rows_table() == model.rows_table()
+    for extra in (4, 8, 20):
+        assert warm.step_time_rows(4, extra) == pytest.approx(model.step_time_rows(4, extra))
+    full = SpecCostModel(widths=(8,))
+    full.seed(step_costs.load("k"))  # without the rows: the old, wrong reading
+    assert full.step_time_rows(4, 8) < 0.7 * model.step_time_rows(4, 8)
+
+
 def test_file_round_trip_keeps_other_keys(cost_file):
     model = _measured()
     assert step_costs.save("a", model.table(), {"dtype": "float32"})
@@ -109,6 +130,12 @@ def test_key_depends_on_what_sets_the_cost():
     assert len({key, step_costs.table_key(shape, "bfloat16", 1, "cpu"),
                 step_costs.table_key(shape, "float32", 2, "cpu"),
                 step_costs.table_key({**shape, "num_hidden_layers": 2}, "float32", 1, "cpu")}) == 4
+    # entries saved before cells kept their rows are not read (their ragged cells mislead)
+    step_costs.FORMAT, saved = 1, step_costs.FORMAT
+    try:
+        assert step_costs.table_key(shape, "float32", 1, "cpu") != key
+    finally:
+        step_costs.FORMAT = saved
 
 
 def test_the_flag_turns_it_off():

@@ -37,7 +37,9 @@ of vanilla's throughput. So:
   gets there in a few steps);
 * every ``reexplore_every`` decisions the stalest alternative of the bucket (the measured
   cell this model observed longest ago, or never: seeded cells count as never) is chosen
-  instead of the best, so every cell is refreshed, the plain baseline included;
+  instead of the best, so every competitive cell is refreshed, the plain baseline always
+  (a verify cell whose rate is under ``explore_within`` of the best is not: re-running it
+  costs a slow step, and ``max_jump`` keeps one stall from pushing a cell that far);
 * a bucket's plain step is measured by this model before any verify there, and a seeded
   cell is a prior that its first measurement replaces (stop 14: seeds from an earlier run
   read a batch-16 plain step at 0.56 s against vanilla's 0.38-0.39 s, and at alpha 0.2 the
@@ -210,18 +212,22 @@ class SpecCostModel:
                     out[w] += self.calibrated(predicted)
         return out
 
-    def seed(self, table: Mapping[Tuple[int, int], float]) -> int:
+    def seed(self, table: Mapping[Tuple[int, int], float],
+             rows: Optional[Mapping[Tuple[int, int], float]] = None) -> int:
         """Prior step costs ``{(batch_size, width): seconds per whole step}``, as if measured
-        (a cost table of another run or machine); later measurements move them. Returns how
-        many cells it took (widths this model does not use are skipped). Seeded cells count as
-        never observed by this model: the stalest, refreshed first, replaced by their first
-        measurement."""
+        (a cost table of another run or machine); later measurements move them. ``rows``:
+        the forward rows per request each cell's steps ran (:meth:`rows_table`; a ragged
+        verify cell ran fewer than ``width + 1``); a cell without one ran them all. Returns
+        how many cells it took (widths this model does not use are skipped). Seeded cells
+        count as never observed by this model: the stalest, refreshed first, replaced by
+        their first measurement."""
         taken = 0
         for (batch_size, width), seconds in table.items():
             if width == PLAIN or width in self.widths:
                 key = (bucket_of(batch_size), width)
-                self._cell[key] = [float(seconds), float(batch_size),
-                                   float(batch_size * (width + 1))]
+                per_request = (rows or {}).get((batch_size, width), width + 1)
+                per_request = min(max(float(per_request), 1.0), float(width + 1))
+                self._cell[key] = [float(seconds), float(batch_size), batch_size * per_request]
                 self._seen.pop(key, None)
                 taken += 1
         self._stale()
@@ -230,8 +236,15 @@ class SpecCostModel:
     def table(self) -> Dict[Tuple[int, int], float]:
         """Each measured cell's step seconds at its bucket's batch size, ``{(bucket, width):
         seconds}``: the form :meth:`seed` takes (a round trip gives the same model at every
-        bucket size)."""
+        bucket size, with :meth:`rows_table` for ragged cells)."""
         return {(b, w): self.step_time(b, w) for (b, w) in self._cell}
+
+    def rows_table(self) -> Dict[Tuple[int, int], float]:
+        """Each cell's forward rows per request (EMA over its steps), ``{(bucket, width):
+        rows}``: less than ``width + 1`` where ragged verifies ran fewer nodes. Without it a
+        seeded ragged cell would stand for full-width steps and make rows look cheaper than
+        they are (the next engine then over-verifies until it re-measures each cell)."""
+        return {(b, w): cell[2] / cell[1] for (b, w), cell in self._cell.items()}
 
     # ------------------------------------------------------------------ estimates
     def _stale(self) -> None:
@@ -338,13 +351,7 @@ class SpecCostModel:
         scored = sorted(((r, w) for w, r in known.items() if r > self.margin * plain_rate),
                         reverse=True)
         ranking = [w for _, w in scored] + [PLAIN]
-        if self._decisions % self.reexplore_every == 0 and known:
-            # refresh the stalest other cell (never observed here = stalest; ties: the plain
-            # baseline, then the best rate)
-            alternatives = [w for w in (PLAIN,) + tuple(known) if w != ranking[0]]
-            return min(alternatives, key=lambda w: (self._seen.get((bucket, w), -1),
-                                                    w != PLAIN, -(rates[w] or 0.0)))
-        return ranking[0]
+        return self._maybe_reexplore(bucket, ranking[0], {PLAIN: plain_rate, **known})
 
     def _rows_points(self, batch_size: int) -> Optional[list]:
         """``[(extra draft rows, seconds)]`` of the bucket's plain cell and measured verify
@@ -437,11 +444,26 @@ class SpecCostModel:
         ranking = sorted(((r, w) for w, r in known.items() if r > self.margin * plain_rate),
                          reverse=True)
         choice = ranking[0][1] if ranking else PLAIN
-        if self._decisions % self.reexplore_every == 0 and known:
-            alternatives = [w for w in (PLAIN,) + tuple(known) if w != choice]
-            choice = min(alternatives, key=lambda w: (self._seen.get((bucket, w), -1), w != PLAIN,
-                                                      -(known.get(w) or 0.0)))
+        choice = self._maybe_reexplore(bucket, choice, {PLAIN: plain_rate, **known})
         return plain if choice == PLAIN else (choice, best[choice][1])
+
+    def _maybe_reexplore(self, bucket: int, choice: int, rates: Mapping[int, float]) -> int:
+        """``choice``, except every ``reexplore_every`` decisions: the stalest other cell
+        (never observed here = stalest; ties: the plain baseline, then the best rate) among
+        the plain step and the verify cells whose rate is within ``explore_within`` of the
+        best. A cell far behind is not re-run: on a 2-core CPU a batch-27 verify at width 16
+        took 2.2 s against 0.3 s for a plain step, and one such refresh per 64 steps costs
+        ~10% of the decode time. A cell that only looks slow is bounded by ``max_jump`` per
+        measurement, so one stall does not push it out of reach."""
+        if self._decisions % self.reexplore_every or len(rates) < 2:
+            return choice
+        best = max(r or 0.0 for r in rates.values())
+        alternatives = [w for w, r in rates.items() if w != choice
+                        and (w == PLAIN or (r or 0.0) >= self.explore_within * best)]
+        if not alternatives:
+            return choice
+        return min(alternatives, key=lambda w: (self._seen.get((bucket, w), -1), w != PLAIN,
+                                                -(rates[w] or 0.0)))
 
     def as_dict(self) -> dict:
         buckets = sorted({b for b, _ in self._cell})

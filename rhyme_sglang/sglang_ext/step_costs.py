@@ -16,8 +16,12 @@ Measured in stop 13 (``bench_serving``, SmolLM2 fp32, 2-core avx2): a warm start
 steps where a cold one ran 115, but the throughput ratios to vanilla did not move beyond
 run-to-run noise; what it saves is the exploration, not more.
 
-Only the step seconds are kept: the acceptance calibration belongs to a workload's history,
-not the machine. ``--rhyme-cost-cache 0`` (``rhyme_cost_cache=False``) turns it off; the
+The step seconds are kept with each cell's forward rows per request (a per-request verify
+cell's steps ran fewer nodes than its width: stop 31 found that a table saved without them
+made the next engine's seeded cells price a verify row at a third of what it cost, so it chose
+wide verifies that took 2.2 s a step against 0.3 s for a plain step; entries of that older
+format are ignored). The acceptance calibration belongs to a workload's history, not the
+machine. ``--rhyme-cost-cache 0`` (``rhyme_cost_cache=False``) turns it off; the
 benchmarks that measure the cost model itself (``bench_cpu_engine``) start without it.
 Writes are atomic (a temporary file replaced), at most every ``SAVE_EVERY_S`` seconds while
 decoding and when the engine shuts down; a file that cannot be read or written only costs
@@ -38,6 +42,7 @@ logger = logging.getLogger(__name__)
 
 PATH_ENV = "RHYME_STEP_COSTS"
 SAVE_EVERY_S = 30.0
+FORMAT = 2  # 2: cells keep their rows per request (entries of format 1 are not read)
 Table = Dict[Tuple[int, int], float]  # (batch bucket, width) -> seconds of a whole step
 
 
@@ -54,7 +59,8 @@ def table_key(model_shape: dict, dtype: str, threads: int, device: str) -> str:
     from rhyme_sglang.machine import machine_key
 
     text = json.dumps({"machine": machine_key(), "model": model_shape, "dtype": str(dtype),
-                       "threads": int(threads), "device": device}, sort_keys=True)
+                       "threads": int(threads), "device": device, "format": FORMAT},
+                      sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
@@ -74,28 +80,40 @@ def _read_all(path: Path) -> dict:
         return {}
 
 
-def load(key: str, path: Optional[Path] = None) -> Table:
-    """The saved table under ``key`` (empty when absent or unreadable)."""
-    entry = _read_all(path or cache_path()).get(key)
+def _cells(entry, field: str) -> Table:
     out: Table = {}
     if not isinstance(entry, dict):
         return out
-    for cell, seconds in (entry.get("seconds") or {}).items():
+    values = entry.get(field)
+    for cell, value in (values.items() if isinstance(values, dict) else ()):
         try:
             bucket, width = (int(x) for x in cell.split(":"))
-            seconds = float(seconds)
-        except (ValueError, AttributeError):
+            value = float(value)
+        except (ValueError, AttributeError, TypeError):
             continue
-        if bucket >= 1 and width >= 0 and seconds > 0:
-            out[(bucket, width)] = seconds
+        if bucket >= 1 and width >= 0 and value > 0:
+            out[(bucket, width)] = value
     return out
 
 
-def save(key: str, table: Table, about: Optional[dict] = None, path: Optional[Path] = None) -> bool:
-    """Write ``table`` under ``key`` (other keys kept); False when the file could not be written."""
+def load(key: str, path: Optional[Path] = None) -> Table:
+    """The saved table under ``key`` (empty when absent or unreadable)."""
+    return _cells(_read_all(path or cache_path()).get(key), "seconds")
+
+
+def load_rows(key: str, path: Optional[Path] = None) -> Table:
+    """The saved cells' forward rows per request under ``key`` (empty when absent)."""
+    return _cells(_read_all(path or cache_path()).get(key), "rows")
+
+
+def save(key: str, table: Table, about: Optional[dict] = None, path: Optional[Path] = None,
+         rows: Optional[Table] = None) -> bool:
+    """Write ``table`` (and each cell's ``rows`` per request) under ``key``, other keys kept;
+    False when the file could not be written."""
     path = path or cache_path()
     data = _read_all(path)
     data[key] = {"seconds": {f"{b}:{w}": s for (b, w), s in sorted(table.items())},
+                 "rows": {f"{b}:{w}": r for (b, w), r in sorted((rows or {}).items())},
                  "saved": time.time(), **(about or {})}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -134,7 +152,7 @@ class StepCostCache:
                           "device": device})
 
     def seed(self, cost_model) -> int:
-        self.seeded = cost_model.seed(load(self.key))
+        self.seeded = cost_model.seed(load(self.key), load_rows(self.key))
         if self.seeded:
             logger.info("rhyme: cost model starts from %d saved step costs (%s)", self.seeded,
                         cache_path())
@@ -149,6 +167,7 @@ class StepCostCache:
         if self._dirty:
             # merge: cells this engine never measured keep their saved values
             table = {**load(self.key), **cost_model.table()}
-            save(self.key, table, self.about)
+            rows = {**load_rows(self.key), **cost_model.rows_table()}
+            save(self.key, table, self.about, rows=rows)
             self._dirty = False
         self._last_save = time.monotonic()

@@ -66,12 +66,23 @@ def test_calibration_is_a_ratio_of_sums_not_of_heavy_tailed_ratios():
         SpecCostModel(calibration_decay=0.0)
 
 
-def test_reexplores_periodically():
+def test_reexplores_periodically_the_cells_within_reach():
     m = SpecCostModel(widths=(4,), reexplore_every=5)
-    m.observe_step(1, 4, 1.0)
+    m.observe_step(1, 4, 0.02)  # 1.5 / 0.02 = 75 tok/s: behind plain's 100, within 0.5 of it
     m.observe_step(1, PLAIN, 0.01)
     choices = [m.choose_width(1, {4: 0.5}) for _ in range(10)]
     assert choices.count(4) == 2 and choices.count(PLAIN) == 8
+    # a cell far behind (1.5 tok/s) is not re-run: it would cost a step 100x a plain one
+    far = SpecCostModel(widths=(4,), reexplore_every=5)
+    far.observe_step(1, 4, 1.0)
+    far.observe_step(1, PLAIN, 0.01)
+    assert [far.choose_width(1, {4: 0.5}) for _ in range(10)] == [PLAIN] * 10
+    # the plain baseline is always refreshed, however far behind a verify it looks
+    poisoned = SpecCostModel(widths=(4,), reexplore_every=5, alpha=1.0, max_jump=100.0)
+    poisoned.observe_step(1, PLAIN, 0.01)
+    poisoned.observe_step(1, 4, 0.01)
+    poisoned.observe_step(1, PLAIN, 1.0)
+    assert PLAIN in [poisoned.choose_width(1, {4: 3.0}) for _ in range(5)]
 
 
 def test_reexploring_refreshes_the_stalest_cell_plain_included():
