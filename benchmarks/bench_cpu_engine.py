@@ -8,8 +8,9 @@ tokens, ``--max-new-tokens`` tokens each with ignore_eos):
    decode step time at batch 1..32 (a full round minus a one-token round, per step);
 3. a RHYME server verifying ``--verify-width`` draft tokens per request (a forward of width + 1
    tokens per request): for each batch a history round, then the same prompts again (perfect
-   history); verify/plain from its ``/rhyme/stats`` cost model (where the model never chose a
-   plain step at a batch, the plain cost is the vanilla server's; ``plain_source`` in the JSON);
+   history), every step a full verify of that width (no cost model, no per-request widths);
+   verify/plain = the median verify step of the perfect round (``/rhyme/breakdown``'s step
+   timeline) over the vanilla server's plain step at that batch;
 4. the roofline, measured here with the engine's threads: stream bandwidth (a large copy) and
    the time of the model's linear layers at each row count (GEMMs on the real shapes, weights
    hot in cache). A step's bound is max(weight bytes / bandwidth, GEMM time); attention and
@@ -116,22 +117,48 @@ def step_costs(cost_model: dict, bucket: str, width: int):
     return spec, plain
 
 
+MIN_STEPS = 8  # fewer steps of a kind in a batch's window: its median is not used
+
+
+def timeline_medians(breakdown: dict, width: int, min_steps: int = MIN_STEPS):
+    """(verify, plain) median seconds per request-step of the steps in a ``/rhyme/breakdown``
+    timeline (``[t, kind, batch, seconds, tokens]``): verify steps at ``width``, plain steps;
+    None for a kind with fewer than ``min_steps`` steps. A median, because an exponential
+    average of few steps keeps much of the first one, which at a new row count pays one-off
+    set-up; and a floor on the count, because the RHYME engine often runs only a few plain
+    steps in a round (its own output drafts the rest), the first of them slow (stop 31: a
+    batch-8 window's plain median read 0.094 s a request-step against the vanilla server's
+    0.018)."""
+    import statistics
+
+    per = {"verify": [], "plain": []}
+    for _t, kind, batch, seconds, _tokens in breakdown.get("timeline", []):
+        name = "plain" if kind == "plain" else "verify" if kind == f"verify_w{width}" else None
+        if name and batch:
+            per[name].append(seconds / batch)
+    return tuple(statistics.median(per[k]) if len(per[k]) >= min_steps else None
+                 for k in ("verify", "plain"))
+
+
 def rhyme_server(model_path: str, dtype: str, vocab: int, prompt_len: int, new_tokens: int,
                  width: int, seed: int, vanilla_step_s: dict | None = None) -> dict:
     """verify/plain at PLAIN_BATCHES, each from a history round then a perfect-history round.
 
-    Both costs come from the RHYME engine's cost model. Its plain cell at a batch exists only if
-    the model chose a plain step there; where it never did (drafts from the other prompts'
-    history can make every step of both rounds a verify: seen once at batch 32 on the tiny
-    model), the plain cost is the vanilla server's measured plain step at that batch
-    (``vanilla_step_s``, per whole step), and ``plain_source`` says so."""
-    from rhyme_sglang.server_process import ServerProcess, get
+    The RHYME server verifies every request's ``width`` draft tokens at every decode step
+    (``--rhyme-adaptive 0 --rhyme-ragged 0``: no cost-model choice, no per-request widths),
+    so each verify step is the issue's tree of ``width + 1`` tokens per request. The verify
+    cost is the median of the perfect-history round's steps (:func:`timeline_medians`; the
+    cost model's average where too few ran); the plain cost is the vanilla server's measured
+    plain step at that batch (``vanilla_step_s``, per whole step; ``plain_source``). Stop 31
+    read both from the adaptive engine instead: its per-request widths ran "width 8" steps
+    with a few rows, and its plain steps were few and slow after idle gaps, so the ratios
+    swung from 0.87 to 6.2 between neighbouring batch sizes."""
+    from rhyme_sglang.server_process import ServerProcess, get, post
 
-    # --rhyme-cost-cache 0: the cost model's step costs are what this benchmark measures, so
-    # they start empty instead of from an earlier engine's saved table
+    # --rhyme-cost-cache 0: no earlier engine's saved table
     srv = ServerProcess(["--model-path", model_path, "--dtype", dtype, "--speculative-algorithm",
                          "RHYME", "--speculative-num-draft-tokens", str(width + 1),
-                         "--rhyme-cost-cache", "0"],
+                         "--rhyme-cost-cache", "0", "--rhyme-adaptive", "0", "--rhyme-ragged", "0"],
                         "/tmp/bench_cpu_engine_rhyme.log")
     try:
         srv.wait_ready(timeout=600)
@@ -140,15 +167,17 @@ def rhyme_server(model_path: str, dtype: str, vocab: int, prompt_len: int, new_t
         for b in PLAIN_BATCHES:
             prompts = _prompts(vocab, b, prompt_len, seed + b)
             _round(srv.url, prompts, new_tokens)  # history
+            post(srv.url + "/rhyme/breakdown", {"reset": True})  # the perfect round's steps only
             elapsed, tokens = _round(srv.url, prompts, new_tokens)
             tok_s[str(b)] = tokens / elapsed
             status, stats = get(srv.url + "/rhyme/stats")
             if status != 200:
                 raise RuntimeError(f"/rhyme/stats: {status} {stats}")
-            spec, plain = step_costs(stats.get("cost_model", {}), str(b), width)
-            source[str(b)] = "cost_model"
-            if not plain and vanilla_step_s and vanilla_step_s.get(str(b)):
-                plain, source[str(b)] = vanilla_step_s[str(b)] / b, "vanilla_server"
+            spec, _ = timeline_medians(stats.get("breakdown", {}), width, min_steps=3)
+            spec = spec or step_costs(stats.get("cost_model", {}), str(b), width)[0]
+            plain, source[str(b)] = None, "vanilla_server"
+            if vanilla_step_s and vanilla_step_s.get(str(b)):
+                plain = vanilla_step_s[str(b)] / b
             if spec and plain:
                 ratio[str(b)] = spec / plain
                 raw[str(b)] = {"verify": spec, "plain": plain}
