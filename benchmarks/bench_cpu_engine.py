@@ -117,27 +117,16 @@ def step_costs(cost_model: dict, bucket: str, width: int):
     return spec, plain
 
 
-MIN_STEPS = 8  # fewer steps of a kind in a batch's window: its median is not used
-
-
-def timeline_medians(breakdown: dict, width: int, min_steps: int = MIN_STEPS):
-    """(verify, plain) median seconds per request-step of the steps in a ``/rhyme/breakdown``
-    timeline (``[t, kind, batch, seconds, tokens]``): verify steps at ``width``, plain steps;
-    None for a kind with fewer than ``min_steps`` steps. A median, because an exponential
-    average of few steps keeps much of the first one, which at a new row count pays one-off
-    set-up; and a floor on the count, because the RHYME engine often runs only a few plain
-    steps in a round (its own output drafts the rest), the first of them slow (stop 31: a
-    batch-8 window's plain median read 0.094 s a request-step against the vanilla server's
-    0.018)."""
+def median_verify_step(breakdown: dict, width: int, min_steps: int = 3):
+    """Median seconds per request-step of the verify steps at ``width`` in a
+    ``/rhyme/breakdown`` timeline (``[t, kind, batch, seconds, tokens]``); None with fewer
+    than ``min_steps`` of them. A median, because an exponential average of few steps keeps
+    much of the first one, which at a new row count pays one-off set-up."""
     import statistics
 
-    per = {"verify": [], "plain": []}
-    for _t, kind, batch, seconds, _tokens in breakdown.get("timeline", []):
-        name = "plain" if kind == "plain" else "verify" if kind == f"verify_w{width}" else None
-        if name and batch:
-            per[name].append(seconds / batch)
-    return tuple(statistics.median(per[k]) if len(per[k]) >= min_steps else None
-                 for k in ("verify", "plain"))
+    per_request = [seconds / batch for _t, kind, batch, seconds, _tokens
+                   in breakdown.get("timeline", []) if kind == f"verify_w{width}" and batch]
+    return statistics.median(per_request) if len(per_request) >= min_steps else None
 
 
 def rhyme_server(model_path: str, dtype: str, vocab: int, prompt_len: int, new_tokens: int,
@@ -147,7 +136,7 @@ def rhyme_server(model_path: str, dtype: str, vocab: int, prompt_len: int, new_t
     The RHYME server verifies every request's ``width`` draft tokens at every decode step
     (``--rhyme-adaptive 0 --rhyme-ragged 0``: no cost-model choice, no per-request widths),
     so each verify step is the issue's tree of ``width + 1`` tokens per request. The verify
-    cost is the median of the perfect-history round's steps (:func:`timeline_medians`; the
+    cost is the median of the perfect-history round's steps (:func:`median_verify_step`; the
     cost model's average where too few ran); the plain cost is the vanilla server's measured
     plain step at that batch (``vanilla_step_s``, per whole step; ``plain_source``). Stop 31
     read both from the adaptive engine instead: its per-request widths ran "width 8" steps
@@ -173,8 +162,7 @@ def rhyme_server(model_path: str, dtype: str, vocab: int, prompt_len: int, new_t
             status, stats = get(srv.url + "/rhyme/stats")
             if status != 200:
                 raise RuntimeError(f"/rhyme/stats: {status} {stats}")
-            spec, _ = timeline_medians(stats.get("breakdown", {}), width, min_steps=3)
-            spec = spec or step_costs(stats.get("cost_model", {}), str(b), width)[0]
+            spec = median_verify_step(stats.get("breakdown", {}), width) or step_costs(stats.get("cost_model", {}), str(b), width)[0]
             plain, source[str(b)] = None, "vanilla_server"
             if vanilla_step_s and vanilla_step_s.get(str(b)):
                 plain = vanilla_step_s[str(b)] / b

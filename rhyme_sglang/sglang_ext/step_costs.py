@@ -152,7 +152,8 @@ class StepCostCache:
                           "device": device})
 
     def seed(self, cost_model) -> int:
-        self.seeded = cost_model.seed(load(self.key), load_rows(self.key))
+        entry = _read_all(cache_path()).get(self.key)  # one read for both fields
+        self.seeded = cost_model.seed(_cells(entry, "seconds"), _cells(entry, "rows"))
         if self.seeded:
             logger.info("rhyme: cost model starts from %d saved step costs (%s)", self.seeded,
                         cache_path())
@@ -166,8 +167,9 @@ class StepCostCache:
     def flush(self, cost_model) -> None:
         if self._dirty:
             # merge: cells this engine never measured keep their saved values
-            table = {**load(self.key), **cost_model.table()}
-            rows = {**load_rows(self.key), **cost_model.rows_table()}
+            entry = _read_all(cache_path()).get(self.key)
+            table = {**_cells(entry, "seconds"), **cost_model.table()}
+            rows = {**_cells(entry, "rows"), **cost_model.rows_table()}
             save(self.key, table, self.about, rows=rows)
             self._dirty = False
         self._last_save = time.monotonic()

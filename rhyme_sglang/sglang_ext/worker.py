@@ -117,7 +117,8 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         if width:
             tokens, masks, lens = self._layout(batch, drafts, width, counts)
             self._pending_drafts = tokens, masks
-        timeline.note_width(width, None if lens is None else sum(lens))
+        rows = None if lens is None else sum(lens)  # a ragged verify's forward rows
+        timeline.note_width(width, rows)
         start = time.perf_counter()
         timeline.BREAKDOWN.on_draft(start - t0)
         if width == PLAIN:
@@ -126,7 +127,6 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
             nodes = width + 1 if lens is None else max(lens)  # a ragged verify's tree size
             with step_kinds.verify_width(self, nodes), step_kinds.ragged_verify(self, lens):
                 result = super().forward_batch_generation(batch, on_publish, pp_proxy_tensors)
-        rows = None if not width or lens is None else sum(lens)
         self.cost.observe_step(bs, width, time.perf_counter() - start, rows)
         if self.step_costs is not None:
             self.step_costs.observed(self.cost)
