@@ -30,12 +30,18 @@ namespace py = pybind11;
 namespace {
 
 constexpr int kBlock = 8;    // floats in a v8f
-constexpr int kTile = 16;    // keys per score tile: one v16f, each key one lane
 constexpr int kVBlock = 64;  // keys whose values are widened at once for the V sums
 constexpr int kRows = 4;     // query rows of one KV head computed together (sharing loads)
 typedef float v8f __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 typedef float v16f __attribute__((vector_size(64)));
+// The score tile (keys, one per lane) and the V-sum column block are W lanes wide: 16 where
+// the CPU has AVX-512 (one zmm), 8 on AVX2 (one ymm: 16-lane vectors there split in two and
+// their accumulators spill, measured 5-9x slower on an AVX2 EPYC). Lanes never mix: a key's
+// score and a column's V sum run in the same order whatever W is, so the bits do not change.
+template <int W> struct Lanes;
+template <> struct Lanes<16> { typedef v16f type; };
+template <> struct Lanes<8> { typedef v8f type; };
 
 inline float bf16_to_float(uint16_t x) {
     uint32_t bits = static_cast<uint32_t>(x) << 16;
@@ -52,54 +58,60 @@ inline v8f load8(const float* p) {
 
 inline void store8(float* p, v8f x) { std::memcpy(p, &x, sizeof x); }
 
-inline v16f load16(const float* p) {
-    v16f x;
+template <typename V>
+[[gnu::always_inline]] inline V loadv(const float* p) {
+    V x;
     std::memcpy(&x, p, sizeof x);
     return x;
 }
 
-inline void store16(float* p, v16f x) { std::memcpy(p, &x, sizeof x); }
+template <typename V>
+[[gnu::always_inline]] inline void storev(float* p, V x) { std::memcpy(p, &x, sizeof x); }
 
-inline v16f splat16(float x) {
-    v16f v = {x};
-    return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+template <typename V>
+[[gnu::always_inline]] inline V splatv(float x) {
+    V v;
+    for (size_t i = 0; i < sizeof(V) / sizeof(float); ++i) v[i] = x;
+    return v;
 }
 
-// Scores of NR query rows (same KV head) against one tile of kTile keys, kt [d][kTile]:
+// Scores of NR query rows (same KV head) against one tile of W keys, kt [d][W]:
 // each lane adds q[c] * k[c] for c = 0 .. d-1 in order, then scales.
-template <int NR>
-inline void score_rows(const float* q, const int64_t* rows, const float* kt, int64_t d,
+template <int W, int NR>
+[[gnu::always_inline]] inline void score_rows(const float* q, const int64_t* rows, const float* kt, int64_t d,
                        float scale, float* scores, int64_t padded, int64_t j0) {
-    v16f acc[NR];
-    for (int r = 0; r < NR; ++r) acc[r] = splat16(0.f);
+    typedef typename Lanes<W>::type V;
+    V acc[NR];
+    for (int r = 0; r < NR; ++r) acc[r] = splatv<V>(0.f);
     for (int64_t c = 0; c < d; ++c) {
-        const v16f k = load16(kt + c * kTile);
-        for (int r = 0; r < NR; ++r) acc[r] += splat16(q[rows[r] * d + c]) * k;
+        const V k = loadv<V>(kt + c * W);
+        for (int r = 0; r < NR; ++r) acc[r] += splatv<V>(q[rows[r] * d + c]) * k;
     }
-    for (int r = 0; r < NR; ++r) store16(scores + rows[r] * padded + j0, acc[r] * splat16(scale));
+    for (int r = 0; r < NR; ++r) storev<V>(scores + rows[r] * padded + j0, acc[r] * splatv<V>(scale));
 }
 
 // o[row] += sum over the nb keys of p[row][jj] * v[jj], keys in order, for NR rows of one KV
-// head; vals [nb][v_width] with this head's values at offset 0, columns c0 .. c0 + 32.
-template <int NR>
-inline void value_rows(float* o, const int64_t* rows, int64_t dv, const float* p, int64_t padded,
+// head; vals [nb][v_width] with this head's values at offset 0, columns c0 .. c0 + 2W.
+template <int W, int NR>
+[[gnu::always_inline]] inline void value_rows(float* o, const int64_t* rows, int64_t dv, const float* p, int64_t padded,
                        const float* vals, int64_t v_width, int64_t nb, int64_t c0) {
-    v16f lo[NR], hi[NR];
+    typedef typename Lanes<W>::type V;
+    V lo[NR], hi[NR];
     for (int r = 0; r < NR; ++r) {
-        lo[r] = load16(o + rows[r] * dv + c0);
-        hi[r] = load16(o + rows[r] * dv + c0 + 16);
+        lo[r] = loadv<V>(o + rows[r] * dv + c0);
+        hi[r] = loadv<V>(o + rows[r] * dv + c0 + W);
     }
     for (int64_t jj = 0; jj < nb; ++jj) {
-        const v16f a = load16(vals + jj * v_width + c0), b = load16(vals + jj * v_width + c0 + 16);
+        const V a = loadv<V>(vals + jj * v_width + c0), b = loadv<V>(vals + jj * v_width + c0 + W);
         for (int r = 0; r < NR; ++r) {
-            const v16f w = splat16(p[rows[r] * padded + jj]);
+            const V w = splatv<V>(p[rows[r] * padded + jj]);
             lo[r] += w * a;
             hi[r] += w * b;
         }
     }
     for (int r = 0; r < NR; ++r) {
-        store16(o + rows[r] * dv + c0, lo[r]);
-        store16(o + rows[r] * dv + c0 + 16, hi[r]);
+        storev<V>(o + rows[r] * dv + c0, lo[r]);
+        storev<V>(o + rows[r] * dv + c0 + W, hi[r]);
     }
 }
 
@@ -159,18 +171,18 @@ struct Shapes {
 // - the softmax sum and the V sum run over the keys in position order, a key the row does not
 //   see adding an exact zero. Ancestors in a verify tree come in position order too, so a tree
 //   node meets the same non-zero terms in the same order as the same token decoded alone.
-__attribute__((target_clones("avx512f", "avx2", "default")))
-void attend_request(const Shapes& s, const float* q, float* o, const void* k_cache,
+template <int W>
+[[gnu::always_inline]] inline void attend_request_impl(const Shapes& s, const float* q, float* o, const void* k_cache,
                     const void* v_cache, const void* k_new, const void* v_new,
                     const int32_t* locs, int64_t seq_len, int64_t ext, const uint8_t* tree,
                     int64_t tree_stride) {
     const int64_t h = s.heads, hkv = s.kv_heads, d = s.head_dim, dv = s.v_dim;
     const int64_t group = h / hkv, prefix = seq_len - ext, rows = ext * h;
     const int64_t k_width = hkv * d, v_width = hkv * dv;
-    const int64_t padded = (seq_len + kTile - 1) / kTile * kTile;
+    const int64_t padded = (seq_len + W - 1) / W * W;
     std::vector<float> scores(static_cast<size_t>(rows * padded));
-    std::vector<float> keys(static_cast<size_t>(kTile * k_width));
-    std::vector<float> tile(static_cast<size_t>(k_width * kTile));  // [hkv][d][key in tile]
+    std::vector<float> keys(static_cast<size_t>(W * k_width));
+    std::vector<float> tile(static_cast<size_t>(k_width * W));  // [hkv][d][key in tile]
     std::vector<float> values(static_cast<size_t>(kVBlock * v_width));
 
     auto load = [&](bool is_key, int64_t j, float* dst) {
@@ -195,23 +207,23 @@ void attend_request(const Shapes& s, const float* q, float* o, const void* k_cac
             for (int64_t g = 0; g < group; ++g) head_rows[i++] = t * h + kh * group + g;
     const int64_t per_head = ext * group;
 
-    // 1. scores, a tile of kTile keys at a time (missing keys of the last tile are zeros)
-    for (int64_t j0 = 0; j0 < seq_len; j0 += kTile) {
-        const int64_t nb = std::min<int64_t>(kTile, seq_len - j0);
+    // 1. scores, a tile of W keys at a time (missing keys of the last tile are zeros)
+    for (int64_t j0 = 0; j0 < seq_len; j0 += W) {
+        const int64_t nb = std::min<int64_t>(W, seq_len - j0);
         std::fill(keys.begin(), keys.end(), 0.f);
         for (int64_t jj = 0; jj < nb; ++jj) load(true, j0 + jj, keys.data() + jj * k_width);
         for (int64_t c = 0; c < k_width; ++c)
-            for (int64_t jj = 0; jj < kTile; ++jj) tile[c * kTile + jj] = keys[jj * k_width + c];
+            for (int64_t jj = 0; jj < W; ++jj) tile[c * W + jj] = keys[jj * k_width + c];
         for (int64_t kh = 0; kh < hkv; ++kh) {
-            const float* kt = tile.data() + kh * d * kTile;
+            const float* kt = tile.data() + kh * d * W;
             const int64_t* hr = head_rows.data() + kh * per_head;
             int64_t i = 0;
             for (; i + kRows <= per_head; i += kRows)
-                score_rows<kRows>(q, hr + i, kt, d, s.scale, scores.data(), padded, j0);
+                score_rows<W, kRows>(q, hr + i, kt, d, s.scale, scores.data(), padded, j0);
             switch (per_head - i) {
-                case 3: score_rows<3>(q, hr + i, kt, d, s.scale, scores.data(), padded, j0); break;
-                case 2: score_rows<2>(q, hr + i, kt, d, s.scale, scores.data(), padded, j0); break;
-                case 1: score_rows<1>(q, hr + i, kt, d, s.scale, scores.data(), padded, j0); break;
+                case 3: score_rows<W, 3>(q, hr + i, kt, d, s.scale, scores.data(), padded, j0); break;
+                case 2: score_rows<W, 2>(q, hr + i, kt, d, s.scale, scores.data(), padded, j0); break;
+                case 1: score_rows<W, 1>(q, hr + i, kt, d, s.scale, scores.data(), padded, j0); break;
                 default: break;
             }
         }
@@ -256,7 +268,7 @@ void attend_request(const Shapes& s, const float* q, float* o, const void* k_cac
     //    key (a key the row does not see adds an exact zero); accumulators stay in registers
     //    across a block of kVBlock keys, kRows rows of one KV head sharing each value load
     std::memset(o, 0, sizeof(float) * static_cast<size_t>(rows * dv));
-    const int64_t wide = dv / 32 * 32;
+    const int64_t wide = dv / (2 * W) * (2 * W);
     for (int64_t j0 = 0; j0 < seq_len; j0 += kVBlock) {
         const int64_t nb = std::min<int64_t>(kVBlock, seq_len - j0);
         for (int64_t jj = 0; jj < nb; ++jj) load(false, j0 + jj, values.data() + jj * v_width);
@@ -264,18 +276,18 @@ void attend_request(const Shapes& s, const float* q, float* o, const void* k_cac
         for (int64_t kh = 0; kh < hkv; ++kh) {
             const float* vals = values.data() + kh * dv;
             const int64_t* hr = head_rows.data() + kh * per_head;
-            for (int64_t c0 = 0; c0 < wide; c0 += 32) {
+            for (int64_t c0 = 0; c0 < wide; c0 += 2 * W) {
                 int64_t i = 0;
                 for (; i + kRows <= per_head; i += kRows)
-                    value_rows<kRows>(o, hr + i, dv, p, padded, vals, v_width, nb, c0);
+                    value_rows<W, kRows>(o, hr + i, dv, p, padded, vals, v_width, nb, c0);
                 switch (per_head - i) {
-                    case 3: value_rows<3>(o, hr + i, dv, p, padded, vals, v_width, nb, c0); break;
-                    case 2: value_rows<2>(o, hr + i, dv, p, padded, vals, v_width, nb, c0); break;
-                    case 1: value_rows<1>(o, hr + i, dv, p, padded, vals, v_width, nb, c0); break;
+                    case 3: value_rows<W, 3>(o, hr + i, dv, p, padded, vals, v_width, nb, c0); break;
+                    case 2: value_rows<W, 2>(o, hr + i, dv, p, padded, vals, v_width, nb, c0); break;
+                    case 1: value_rows<W, 1>(o, hr + i, dv, p, padded, vals, v_width, nb, c0); break;
                     default: break;
                 }
             }
-            for (int64_t i = 0; i < per_head && wide < dv; ++i) {  // columns past the last 32
+            for (int64_t i = 0; i < per_head && wide < dv; ++i) {  // columns past the last 2W
                 float* orow = o + hr[i] * dv;
                 const float* pr = p + hr[i] * padded;
                 for (int64_t c = wide; c < dv; ++c) {
@@ -291,6 +303,39 @@ void attend_request(const Shapes& s, const float* q, float* o, const void* k_cac
         const float total = row_sum[row];
         for (int64_t c = 0; c < dv; ++c) o[row * dv + c] /= total;
     }
+}
+
+__attribute__((target("avx512f"))) void attend_request_avx512(const Shapes& s, const float* q, float* o, const void* k_cache,
+                    const void* v_cache, const void* k_new, const void* v_new,
+                    const int32_t* locs, int64_t seq_len, int64_t ext, const uint8_t* tree,
+                    int64_t tree_stride) {
+    attend_request_impl<16>(s, q, o, k_cache, v_cache, k_new, v_new, locs, seq_len, ext, tree, tree_stride);
+}
+
+__attribute__((target("avx2"))) void attend_request_avx2(const Shapes& s, const float* q, float* o, const void* k_cache,
+                    const void* v_cache, const void* k_new, const void* v_new,
+                    const int32_t* locs, int64_t seq_len, int64_t ext, const uint8_t* tree,
+                    int64_t tree_stride) {
+    attend_request_impl<8>(s, q, o, k_cache, v_cache, k_new, v_new, locs, seq_len, ext, tree, tree_stride);
+}
+
+void attend_request_default(const Shapes& s, const float* q, float* o, const void* k_cache,
+                    const void* v_cache, const void* k_new, const void* v_new,
+                    const int32_t* locs, int64_t seq_len, int64_t ext, const uint8_t* tree,
+                    int64_t tree_stride) { attend_request_impl<8>(s, q, o, k_cache, v_cache, k_new, v_new, locs, seq_len, ext, tree, tree_stride); }
+
+// The clone for this CPU, chosen once.
+void attend_request(const Shapes& s, const float* q, float* o, const void* k_cache,
+                    const void* v_cache, const void* k_new, const void* v_new,
+                    const int32_t* locs, int64_t seq_len, int64_t ext, const uint8_t* tree,
+                    int64_t tree_stride) {
+    static const int isa = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
+    if (isa == 2)
+        attend_request_avx512(s, q, o, k_cache, v_cache, k_new, v_new, locs, seq_len, ext, tree, tree_stride);
+    else if (isa == 1)
+        attend_request_avx2(s, q, o, k_cache, v_cache, k_new, v_new, locs, seq_len, ext, tree, tree_stride);
+    else
+        attend_request_default(s, q, o, k_cache, v_cache, k_new, v_new, locs, seq_len, ext, tree, tree_stride);
 }
 
 // The whole batch. Per request b: pool_rows[b] (row of req_to_token), seq_lens[b],
