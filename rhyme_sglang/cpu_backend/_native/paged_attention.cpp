@@ -6,8 +6,9 @@
 // needs. K/V are read once per request for all of its query rows, in the cache's own dtype
 // (float32 or bf16, widened to float32 on load), so nothing is gathered or converted ahead.
 //
-// Built without fast-math and with -ffp-contract=off: the dot product keeps 16 partial sums
-// reduced in a fixed tree, so every ISA clone gives the same bits.
+// Built without fast-math and with -ffp-contract=off: each score sums q[c] * k[c] over c in
+// order and each V sum runs over the keys in order, one lane per key or column, so the AVX-512
+// (16-lane) and AVX2 (8-lane) builds give the same bits.
 //
 // Called from rhyme_sglang/cpu_backend/attention.py with raw pointers to contiguous tensors
 // that Python checked (shapes, dtypes, strides); no torch headers are needed to build it.
