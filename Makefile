@@ -32,7 +32,7 @@ TEST_NO_DEPS_PKGS := openrlhf==0.11.2
 
 setup: $(STAMP)
 
-$(STAMP): requirements/cpu.lock pyproject.toml $(wildcard setup.py) $(wildcard rhyme_sglang/*/_native/*.cpp)
+$(STAMP): requirements/cpu.lock pyproject.toml $(wildcard setup.py) $(wildcard rhyme_sglang/*/_native/*.cpp rhyme_sglang/*/_native/*.h)
 	@echo ">> creating $(VENV) (CPU torch $(TORCH_VERSION), sglang $(SGLANG_VERSION) --no-deps)"
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) uv==$(UV_VERSION) $(PIP_FILTER)

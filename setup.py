@@ -1,9 +1,10 @@
-"""Build script for the optional native modules: the suffix trie (rhyme_sglang.core._rhyme_native)
-and the paged CPU attention (rhyme_sglang.cpu_backend._rhyme_attention).
+"""Build script for the optional native modules: the suffix trie (rhyme_sglang.core._rhyme_native),
+the paged CPU attention (rhyme_sglang.cpu_backend._rhyme_attention) and the few-row CPU products
+(rhyme_sglang.cpu_backend._rhyme_gemm).
 
 Metadata lives in pyproject.toml. The extension is optional: if it cannot be compiled the package
 still installs: `rhyme_sglang.core.native` falls back to the pure-Python trie with a warning, and the
-CPU attention to its batched PyTorch ops.
+CPU attention to its batched PyTorch ops, the CPU linears to oneDNN / ``F.linear``.
 """
 
 from setuptools import setup
@@ -13,15 +14,18 @@ try:
 except ImportError:  # pybind11 missing outside an isolated build: ship pure Python only
     ext_modules = []
 else:
-    def _native(name: str, source: str) -> Pybind11Extension:
-        # no fast-math, no FMA contraction: the attention kernel's bit-identity relies on it
+    def _native(name: str, source: str, contract: str = "off") -> Pybind11Extension:
+        # no fast-math. FMA contraction off for the attention kernel (its bit-identity across
+        # ISA builds relies on it); on for the GEMM, whose AVX2 and AVX-512 builds both fuse
         return Pybind11Extension(name, [source], cxx_std=17, optional=True,
-                                 extra_compile_args=["-O3", "-ffp-contract=off"])
+                                 extra_compile_args=["-O3", f"-ffp-contract={contract}"])
 
     ext_modules = [
         _native("rhyme_sglang.core._rhyme_native", "rhyme_sglang/core/_native/suffix_trie.cpp"),
         _native("rhyme_sglang.cpu_backend._rhyme_attention",
                 "rhyme_sglang/cpu_backend/_native/paged_attention.cpp"),
+        _native("rhyme_sglang.cpu_backend._rhyme_gemm",
+                "rhyme_sglang/cpu_backend/_native/skinny_gemm.cpp", contract="fast"),
     ]
 
 setup(ext_modules=ext_modules)

@@ -209,13 +209,14 @@ def _timed(fn) -> float:
 def gemm_seconds(shapes, layers: int, dtype: str, rows: int, repeats: int = 3) -> dict:
     """Time of one forward's linears at ``rows`` tokens (best of ``repeats`` per shape), per
     kernel: ``plain`` (``F.linear``), ``packed`` (oneDNN with a packed weight, where it can
-    pack) and ``best`` (the faster of the two per shape: what this machine can do)."""
+    pack), ``native`` (our few-row fp32 kernel, where it is built) and ``best`` (the fastest
+    per shape: what this machine can do)."""
     import torch
     import torch.nn.functional as F
 
     from rhyme_sglang.cpu_backend import linear
 
-    total = {"plain": 0.0, "packed": 0.0, "best": 0.0}
+    total = {"plain": 0.0, "packed": 0.0, "native": 0.0, "best": 0.0}
     for i, (k, n) in enumerate(shapes):
         w = torch.randn(n, k).to(getattr(torch, dtype))
         x = torch.randn(rows, k).to(getattr(torch, dtype))
@@ -223,6 +224,9 @@ def gemm_seconds(shapes, layers: int, dtype: str, rows: int, repeats: int = 3) -
         packed = linear.pack(w)
         if packed is not None:
             kernels["packed"] = lambda: linear.packed_linear(x, packed, None)
+        panels = linear.native_pack(w)
+        if panels is not None:
+            kernels["native"] = lambda: linear.native_linear(x, panels, n, None)
         times = {}
         for name, fn in kernels.items():
             fn()
@@ -231,9 +235,7 @@ def gemm_seconds(shapes, layers: int, dtype: str, rows: int, repeats: int = 3) -
         for name, t in times.items():
             total[name] += t * count
         total["best"] += min(times.values()) * count
-    if total["packed"] == 0.0:
-        del total["packed"]
-    return total
+    return {name: t for name, t in total.items() if t > 0.0}
 
 
 def roofline(model_path: str, dtype: str, row_counts) -> dict:

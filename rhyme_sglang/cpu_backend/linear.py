@@ -1,24 +1,31 @@
-"""CPU linear layers: oneDNN with pre-packed weights at the row counts where this machine
-measures it faster than PyTorch's default GEMM.
+"""CPU linear layers: the fastest of three kernels this machine measures for each weight shape
+and row count.
 
-PyTorch's fp32 CPU GEMM (MKL in the PyPI wheel) lays the weight out anew on every call. At the
-few-row products of decode and verify that costs more than the product itself on some CPUs:
-on an AMD EPYC with AVX2 only, one thread, ``[9, 576] @ [576, 3072]`` took 1706 us through
-``F.linear`` and 580 us through oneDNN with the weight packed once; SmolLM2's whole set of
-linears (30 layers + lm_head) at 2 / 9 / 18 rows took 69.5 / 154 / 195 ms against 35.4 / 64.4
-/ 88.9 ms packed, and the same at 1 row (34 ms). Other CPUs differ, so nothing here is assumed:
+* ``plain``: ``F.linear`` (MKL in the PyPI wheel). It lays the weight out anew on every call;
+  at the few-row products of decode and verify that costs more than the product on some CPUs.
+* ``onednn``: oneDNN with the weight packed once (fp32 or bf16).
+* ``native``: our fp32 kernel over a panel-packed weight (``_native/skinny_gemm.cpp``), built
+  for few rows: each panel is streamed once for all rows, and every output element is one
+  running sum over the inputs in order, so **a row's result does not depend on the other rows
+  of the call**: a decode row and the same token inside a verify tree get the same bits.
+
+Measured on an AMD EPYC with AVX2 only, one thread, SmolLM2-135M's linears (30 layers +
+lm_head, weights streamed from memory as in a model step), ms: 1 row 41.6 (oneDNN) / 30.7
+(native); 9 rows 73.2 / 51.4; 32 rows 153 / 119; ``F.linear`` is slower than both from 2 rows
+up. Other CPUs differ, so nothing here is assumed:
 
 * the choice is **measured per weight shape and row-count bucket** (``BUCKETS``), on the
   thread count the scheduler computes with, best of a few runs of each kernel, and cached per
   machine in ``~/.cache/rhyme_sglang/linear_kernels.json`` (the GEMM probe's key: CPU model,
-  flags, torch version). A bucket is packed only where packing measured faster.
-* a packed weight is a second copy (weights' memory doubles for the shapes that use it);
-  ``RHYME_CPU_LINEAR=plain`` turns the whole thing off, ``packed`` forces it where oneDNN can
-  pack (bf16 needs avx512bw/vl/dq or avx_ne_convert), ``auto`` (default) measures.
+  flags, torch version).
+* a packed weight is a second copy (a third where some buckets pick oneDNN and others native).
+  ``RHYME_CPU_LINEAR=plain`` turns the whole thing off, ``packed`` forces oneDNN where it can
+  pack (bf16 needs avx512bw/vl/dq or avx_ne_convert), ``native`` forces ours where it applies
+  (fp32, the module built), ``auto`` (default) measures.
 * packs follow the weights: every sglang weight update (disk, tensor, distributed, IPC) bumps
   ``generation()``, and a layer repacks on its next call (see :func:`weights_changed`).
 
-Numerics: both kernels accumulate in fp32; results differ from each other by float rounding
+Numerics: every kernel accumulates in fp32; results differ between kernels by float rounding
 (~1e-5 relative), as ``F.linear``'s own results already differ between row counts.
 """
 
@@ -38,9 +45,15 @@ logger = logging.getLogger(__name__)
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # rows; a call uses the first bucket >= its rows
 MODE_ENV = "RHYME_CPU_LINEAR"
-MODES = ("auto", "plain", "packed")
+MODES = ("auto", "plain", "packed", "native")
+KERNELS = ("plain", "onednn", "native")
 _PACKABLE = (torch.float32, torch.bfloat16)
 _generation = 0
+
+try:
+    from . import _rhyme_gemm as _native
+except ImportError:  # not built: oneDNN and F.linear only
+    _native = None
 
 
 def generation() -> int:
@@ -81,38 +94,93 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Te
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-def _best_time(fn, repeats: int, deadline: float) -> float:
-    fn()  # warm-up
-    best = float("inf")
+def native_pack(weight: torch.Tensor) -> Optional[torch.Tensor]:
+    """``weight`` ([out, in], fp32) in the native kernel's panels, or None where it cannot run."""
+    if (_native is None or weight.dtype != torch.float32 or weight.device.type != "cpu"
+            or weight.dim() != 2 or weight.numel() == 0):
+        return None
+    out_features, in_features = weight.shape
+    width = _native.panel_width()
+    panels = torch.empty(-(-out_features // width) * width * in_features)
+    src = weight.detach().contiguous()
+    _native.pack(src.data_ptr(), panels.data_ptr(), out_features, in_features)
+    return panels
+
+
+def native_linear(x: torch.Tensor, panels: torch.Tensor, out_features: int,
+                  bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """``x @ weight.T (+ bias)`` with the weight given by :func:`native_pack` (fp32, CPU)."""
+    in_features = x.shape[-1]
+    rows = x.reshape(-1, in_features)
+    if not rows.is_contiguous():
+        rows = rows.contiguous()
+    if bias is not None:
+        bias = bias.detach().contiguous()
+    y = torch.empty(rows.shape[0], out_features)
+    _native.gemm(rows.data_ptr(), panels.data_ptr(), 0 if bias is None else bias.data_ptr(),
+                 y.data_ptr(), rows.shape[0], out_features, in_features, torch.get_num_threads())
+    return y.view(*x.shape[:-1], out_features)
+
+
+def _best_times(kernels: dict, repeats: int, deadline: float, before) -> dict:
+    """Best time of each kernel over ``repeats`` rounds, the kernels taking turns within a
+    round (so a drift of the machine's speed hits them alike); ``before`` runs untimed ahead
+    of every call."""
+    for fn in kernels.values():
+        fn()  # warm-up
+    best = dict.fromkeys(kernels, float("inf"))
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
+        for name, fn in kernels.items():
+            before()
+            start = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - start)
         if time.perf_counter() > deadline:
             break
     return best
 
 
+def _evictor():
+    """A function that pushes a measured weight out of the CPU caches, as it is in a model step
+    (hundreds of MB of weights pass between two uses of one layer's). Reads a buffer of twice
+    the largest cache the OS reports (64-512 MiB)."""
+    size = 32 << 20
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = path.read_text().strip().upper()
+            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+            size = max(size, int(text.rstrip("KMG")) * scale)
+        except (OSError, ValueError):
+            continue
+    buffer = torch.ones(min(2 * size, 512 << 20) // 4)
+    return lambda: buffer.sum()
+
+
 def measure_choice(out_features: int, in_features: int, dtype: torch.dtype,
-                   repeats: int = 3, budget_s: float = 1.5) -> tuple[bool, ...]:
-    """Per bucket: True where the packed kernel ran faster than ``F.linear`` on this thread
-    count (random data of the layer's shape; buckets past the time budget copy the last one
-    measured)."""
+                   repeats: int = 5, budget_s: float = 3.0) -> tuple[str, ...]:
+    """Per bucket: the kernel (``KERNELS``) that ran fastest on this thread count, each run on a
+    weight just pushed out of the caches (random data of the layer's shape; buckets past the
+    time budget copy the last one measured)."""
     gen = torch.Generator().manual_seed(0)
     weight = torch.randn(out_features, in_features, generator=gen).to(dtype)
-    packed = pack(weight)
-    if packed is None:
-        return (False,) * len(BUCKETS)
-    choice: list[bool] = []
+    onednn, panels = pack(weight), native_pack(weight)
+    if onednn is None and panels is None:
+        return ("plain",) * len(BUCKETS)
+    choice: list[str] = []
+    evict = _evictor()
     deadline = time.perf_counter() + budget_s
     for rows in BUCKETS:
         if choice and time.perf_counter() > deadline:
             choice.append(choice[-1])
             continue
         x = torch.randn(rows, in_features, generator=gen).to(dtype)
-        plain = _best_time(lambda: F.linear(x, weight), repeats, deadline)
-        fast = _best_time(lambda: packed_linear(x, packed, None), repeats, deadline)
-        choice.append(fast < plain)
+        kernels = {"plain": lambda: F.linear(x, weight)}
+        if onednn is not None:
+            kernels["onednn"] = lambda: packed_linear(x, onednn, None)
+        if panels is not None:
+            kernels["native"] = lambda: native_linear(x, panels, out_features, None)
+        times = _best_times(kernels, repeats, deadline, evict)
+        choice.append(min(times, key=times.get))
     return tuple(choice)
 
 
@@ -125,18 +193,19 @@ _choices: dict = {}
 
 
 def kernel_choice(out_features: int, in_features: int, dtype: torch.dtype,
-                  cache: Optional[Path] = None) -> tuple[bool, ...]:
-    """This machine's packed-or-not per bucket for one weight shape: in memory, else cached on
-    disk, else measured (then cached). ``plain``/``packed`` modes skip the measurement."""
+                  cache: Optional[Path] = None) -> tuple[str, ...]:
+    """This machine's kernel per bucket for one weight shape: in memory, else cached on disk,
+    else measured (then cached). The ``plain``/``packed``/``native`` modes skip measuring."""
     current = mode()
-    if current == "plain":
-        return (False,) * len(BUCKETS)
+    if current in ("plain", "native"):
+        return (current,) * len(BUCKETS)
     if current == "packed":
-        return (True,) * len(BUCKETS)
+        return ("onednn",) * len(BUCKETS)
     from rhyme_sglang.machine import machine_key
 
     key = "|".join([machine_key(), str(torch.get_num_threads()), str(dtype).removeprefix("torch."),
-                    str(out_features), str(in_features), ",".join(map(str, BUCKETS))])
+                    str(out_features), str(in_features), ",".join(map(str, BUCKETS)),
+                    ",".join(KERNELS)])
     if key in _choices:
         return _choices[key]
     cache = cache_path() if cache is None else cache
@@ -146,15 +215,14 @@ def kernel_choice(out_features: int, in_features: int, dtype: torch.dtype,
     except (OSError, ValueError):
         table = {}
     entry = table.get(key)
-    if isinstance(entry, list) and len(entry) == len(BUCKETS):
-        choice = tuple(bool(v) for v in entry)
+    if isinstance(entry, list) and len(entry) == len(BUCKETS) and set(entry) <= set(KERNELS):
+        choice = tuple(entry)
     else:
         start = time.perf_counter()
         choice = measure_choice(out_features, in_features, dtype)
-        logger.info("cpu linear [%d x %d] %s, %d threads: packed at rows %s (measured in %.2f s)",
+        logger.info("cpu linear [%d x %d] %s, %d threads: kernels by rows %s (measured in %.2f s)",
                     out_features, in_features, dtype, torch.get_num_threads(),
-                    [b for b, p in zip(BUCKETS, choice) if p] or "none",
-                    time.perf_counter() - start)
+                    dict(zip(BUCKETS, choice)), time.perf_counter() - start)
         table[key] = list(choice)
         try:
             cache.parent.mkdir(parents=True, exist_ok=True)
@@ -168,24 +236,33 @@ def kernel_choice(out_features: int, in_features: int, dtype: torch.dtype,
 
 
 class LinearState:
-    """A layer's kernel choice and its packed weight (rebuilt when the weights change)."""
+    """A layer's kernel choice and its packed weights (rebuilt when the weights change)."""
 
-    __slots__ = ("choice", "packed", "generation", "weight_ptr")
+    __slots__ = ("choice", "packs", "generation", "weight_ptr")
 
-    def __init__(self, choice: tuple[bool, ...]):
+    def __init__(self, choice: tuple[str, ...]):
         self.choice = choice
-        self.packed: Optional[torch.Tensor] = None
+        self.packs: dict[str, Optional[torch.Tensor]] = {}
         self.generation = -1
         self.weight_ptr = 0
 
-    def packed_for(self, weight: torch.Tensor) -> Optional[torch.Tensor]:
+    @property
+    def packed(self) -> Optional[torch.Tensor]:
+        """The oneDNN pack, if one was made."""
+        return self.packs.get("onednn")
+
+    def pack_for(self, kind: str, weight: torch.Tensor) -> Optional[torch.Tensor]:
+        """``weight`` packed for ``kind`` (``onednn`` or ``native``); None where it cannot be,
+        and then no bucket asks for that kind again."""
         ptr = weight.data_ptr()
         if self.generation != _generation or self.weight_ptr != ptr:
-            self.packed = pack(weight)
+            self.packs.clear()
             self.generation, self.weight_ptr = _generation, ptr
-            if self.packed is None:
-                self.choice = (False,) * len(BUCKETS)
-        return self.packed
+        if kind not in self.packs:
+            self.packs[kind] = pack(weight) if kind == "onednn" else native_pack(weight)
+            if self.packs[kind] is None:
+                self.choice = tuple("plain" if c == kind else c for c in self.choice)
+        return self.packs[kind]
 
 
 _STATE_ATTR = "_rhyme_cpu_linear"
@@ -200,18 +277,19 @@ def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def linear(module: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor,
            bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``F.linear(x, weight, bias)``, through the packed kernel where this machine's choice for
-    ``weight``'s shape and ``x``'s row count says so. State lives on ``module``."""
+    """``F.linear(x, weight, bias)``, through the kernel this machine's choice names for
+    ``weight``'s shape and ``x``'s row count. State lives on ``module``."""
     state = getattr(module, _STATE_ATTR, None)
     if state is None:
         state = LinearState(kernel_choice(weight.shape[0], weight.shape[1], weight.dtype))
         setattr(module, _STATE_ATTR, state)
     rows = x.numel() // max(1, x.shape[-1])
-    if rows == 0 or not state.choice[bucket_index(rows)]:
+    kind = state.choice[bucket_index(rows)] if rows else "plain"
+    if kind == "plain" or (bias is not None and bias.dtype != x.dtype):
         return F.linear(x, weight, bias)
-    packed = state.packed_for(weight)
+    packed = state.pack_for(kind, weight)
     if packed is None:
         return F.linear(x, weight, bias)
-    if bias is not None and bias.dtype != x.dtype:
-        return F.linear(x, weight, bias)
+    if kind == "native":
+        return native_linear(x, packed, weight.shape[0], bias)
     return packed_linear(x, packed, bias)

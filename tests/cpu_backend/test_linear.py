@@ -1,5 +1,6 @@
-"""The CPU linear kernel choice: packed oneDNN products equal F.linear, packs follow weight
-updates, the per-machine choice is measured once and cached, bad modes are refused."""
+"""The CPU linear kernel choice: packed oneDNN and native products equal F.linear, a native row's
+bits do not depend on the other rows of the call, packs follow weight updates, the per-machine
+choice is measured once and cached, bad modes are refused."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 from rhyme_sglang.cpu_backend import linear
 
 CAN_PACK = linear.pack(torch.randn(8, 4)) is not None
+HAS_NATIVE = linear.native_pack(torch.randn(8, 4)) is not None
 
 
 def _layer():
@@ -42,8 +44,11 @@ def test_packed_matches_f_linear(monkeypatch, rows, with_bias):
 
 
 @pytest.mark.skipif(not CAN_PACK, reason="oneDNN cannot pack fp32 weights here")
-def test_pack_follows_weight_updates(monkeypatch):
-    monkeypatch.setenv(linear.MODE_ENV, "packed")
+@pytest.mark.parametrize("mode", ["packed", "native"])
+def test_pack_follows_weight_updates(monkeypatch, mode):
+    if mode == "native" and not HAS_NATIVE:
+        pytest.skip("the native GEMM module is not built")
+    monkeypatch.setenv(linear.MODE_ENV, mode)
     weight = torch.nn.Parameter(torch.randn(32, 16), requires_grad=False)
     x = torch.randn(4, 16)
     layer = _layer()
@@ -61,7 +66,45 @@ def test_plain_mode_never_packs(monkeypatch):
     monkeypatch.setenv(linear.MODE_ENV, "plain")
     layer, weight, x = _layer(), torch.randn(32, 16), torch.randn(8, 16)
     torch.testing.assert_close(linear.linear(layer, x, weight), F.linear(x, weight))
-    assert layer._rhyme_cpu_linear.packed is None
+    assert layer._rhyme_cpu_linear.packed is None and not layer._rhyme_cpu_linear.packs
+
+
+@pytest.mark.skipif(not HAS_NATIVE, reason="the native GEMM module is not built")
+@pytest.mark.parametrize("rows", [1, 2, 5, 6, 7, 9, 13, 17, 64, 300])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_native_matches_f_linear(monkeypatch, rows, with_bias):
+    monkeypatch.setenv(linear.MODE_ENV, "native")
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(100, 37, generator=gen)  # neither size a multiple of the panel width
+    bias = torch.randn(100, generator=gen) if with_bias else None
+    x = torch.randn(rows, 37, generator=gen)
+    layer = _layer()
+    out = linear.linear(layer, x, weight, bias)
+    torch.testing.assert_close(out, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+    assert layer._rhyme_cpu_linear.packs.get("native") is not None  # the native kernel ran
+    x3 = x.reshape(1, rows, 37)
+    assert linear.linear(layer, x3, weight, bias).shape == (1, rows, 100)
+    strided = torch.randn(rows, 74, generator=gen)[:, ::2]  # a non-contiguous input
+    torch.testing.assert_close(linear.linear(layer, strided, weight, bias),
+                               F.linear(strided, weight, bias), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not HAS_NATIVE, reason="the native GEMM module is not built")
+@pytest.mark.parametrize("threads", [1, 2])
+def test_native_row_does_not_depend_on_other_rows(monkeypatch, threads):
+    """What makes a verify tree's rows bit-identical to decoding them one at a time."""
+    monkeypatch.setenv(linear.MODE_ENV, "native")
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    gen = torch.Generator().manual_seed(7)
+    weight, bias = torch.randn(200, 96, generator=gen), torch.randn(200, generator=gen)
+    layer = _layer()
+    batch = torch.randn(33, 96, generator=gen)
+    together = linear.linear(layer, batch, weight, bias)
+    for rows in (1, 2, 9, 17):
+        part = linear.linear(layer, batch[-rows:].contiguous(), weight, bias)
+        assert torch.equal(part, together[-rows:]), rows
+    for i in (0, 5, 32):
+        assert torch.equal(linear.linear(layer, batch[i:i + 1], weight, bias)[0], together[i])
 
 
 def test_unpackable_dtype_falls_back(monkeypatch):
@@ -77,7 +120,7 @@ def test_auto_measures_once_and_caches(monkeypatch, tmp_path):
 
     def fake_measure(n, k, dtype):
         calls.append((n, k))
-        return tuple(i % 2 == 1 for i in range(len(linear.BUCKETS)))
+        return tuple(linear.KERNELS[i % 3] for i in range(len(linear.BUCKETS)))
 
     monkeypatch.setattr(linear, "measure_choice", fake_measure)
     cache = tmp_path / "rhyme_sglang" / "linear_kernels.json"
@@ -90,9 +133,22 @@ def test_auto_measures_once_and_caches(monkeypatch, tmp_path):
     assert calls == [(64, 32), (64, 48)]
 
 
-def test_measured_choice_has_a_verdict_per_bucket():
+def test_measured_choice_has_a_verdict_per_bucket(monkeypatch):
+    monkeypatch.setattr(linear, "_evictor", lambda: (lambda: None))
     choice = linear.measure_choice(48, 32, torch.float32, repeats=1, budget_s=0.2)
-    assert len(choice) == len(linear.BUCKETS) and all(isinstance(c, bool) for c in choice)
+    assert len(choice) == len(linear.BUCKETS) and set(choice) <= set(linear.KERNELS)
+
+
+def test_a_stale_cache_entry_is_measured_again(monkeypatch, tmp_path):
+    """A cache written by an older release (booleans) is not misread as kernel names."""
+    monkeypatch.setenv(linear.MODE_ENV, "auto")
+    monkeypatch.setattr(linear, "measure_choice", lambda n, k, dtype: ("native",) * len(linear.BUCKETS))
+    cache = tmp_path / "linear_kernels.json"
+    choice = linear.kernel_choice(64, 32, torch.float32, cache=cache)
+    key = next(iter(json.loads(cache.read_text())))
+    cache.write_text(json.dumps({key: [True] * len(linear.BUCKETS)}))
+    monkeypatch.setattr(linear, "_choices", {})
+    assert linear.kernel_choice(64, 32, torch.float32, cache=cache) == choice
 
 
 def test_bucket_index():

@@ -1,9 +1,12 @@
-"""Our Engine on the tiny model: HF parity, weight updates, flush, pause/continue.
+"""Our Engine on the tiny model: HF parity, weight updates, flush, pause/continue, and verify
+steps bit-identical to plain decoding.
 
-The engine here runs every CPU linear and the lm_head through the packed oneDNN kernel
-(``RHYME_CPU_LINEAR=packed``; the default measures per machine and shape, and may not pick
-it for the tiny model's shapes), so HF parity and the weight updates cover that path:
-a stale pack after an update would fail ``test_weight_update_from_tensor_then_disk``.
+The engines here run every CPU linear and the lm_head through our native few-row kernel
+(``RHYME_CPU_LINEAR=native``; the default measures per machine, shape and row count, and picks
+it for most of SmolLM2's products on AVX2 machines), so HF parity and the weight updates cover
+that path: a stale pack after an update would fail ``test_weight_update_from_tensor_then_disk``.
+The oneDNN pack has the same checks at the kernel level (tests/cpu_backend/test_linear.py).
+Where the module is not built, the mode falls back to ``F.linear`` and the tests still run.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from tests.helpers import hf_greedy
 pytestmark = pytest.mark.sglang
 
 # before the module's engine starts (the Makefile runs each engine module in its own pytest)
-os.environ["RHYME_CPU_LINEAR"] = "packed"
+os.environ["RHYME_CPU_LINEAR"] = "native"
 
 PROMPTS = [[1, 5, 6, 7, 8], [3, 4, 5], [10, 11, 12, 13, 14, 15, 16, 17] * 3]
 GREEDY = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
@@ -89,3 +92,33 @@ def test_pause_and_continue_in_place(tiny_engine):
     assert out["output_ids"] == expected
     with pytest.raises(ValueError, match="pause mode"):
         tiny_engine.pause_generation(mode="sideways")
+
+
+def test_verify_steps_are_bit_identical_to_plain_decode(tiny, tiny_engine):
+    """With the native linears and the native paged attention, a token's logits do not depend
+    on the other rows of the step, so a verify tree's rows give the very bits that plain
+    decode gives (not only the same greedy tokens)."""
+    from rhyme_sglang.cpu_backend import linear
+
+    if linear.native_pack(__import__("torch").zeros(16, 16)) is None:
+        pytest.skip("the native GEMM module is not built")
+
+    # prompts under NATIVE_MAX_EXTEND tokens, so that every row of both engines (prefill too)
+    # runs through the native kernels: a longer prompt is prefilled through SDPA, and two
+    # engines that reuse their prefix caches at different lengths then hold K/V of different
+    # bits (measured: a 16- or 24-token prompt gave one token 3 ulp apart of 24)
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[2][:12]]
+
+    def run(engine):
+        outs = engine.generate(input_ids=prompts, sampling_params=GREEDY, return_logprob=True)
+        return ([o["output_ids"] for o in outs],
+                [[t[0] for t in o["meta_info"]["output_token_logprobs"]] for o in outs],
+                sum(o["meta_info"].get("spec_num_correct_drafts", 0) for o in outs))
+
+    tokens, logprobs, _ = run(tiny_engine)
+    rhyme = tiny("tiny-rhyme")
+    run(rhyme)  # its history now holds these answers
+    spec_tokens, spec_logprobs, accepted = run(rhyme)
+    assert accepted > 0, "the second pass accepted no drafts, so it ran no verify step"
+    assert spec_tokens == tokens
+    assert spec_logprobs == logprobs  # exact float equality, every token

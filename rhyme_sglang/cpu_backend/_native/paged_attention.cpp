@@ -19,30 +19,28 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <exception>
 #include <limits>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
+
+#include "parts.h"
+#include "vec.h"
 
 namespace py = pybind11;
 
 namespace {
 
+using namespace rhyme_vec;
+
 constexpr int kBlock = 8;    // floats in a v8f
 constexpr int kVBlock = 64;  // keys whose values are widened at once for the V sums
 constexpr int kRows = 4;     // query rows of one KV head computed together (sharing loads)
-typedef float v8f __attribute__((vector_size(32)));
-typedef int32_t v8i __attribute__((vector_size(32)));
-typedef float v16f __attribute__((vector_size(64)));
-// The score tile (keys, one per lane) and the V-sum column block are W lanes wide: 16 where
+// The score tile (keys, one per lane) and the V-sum column block are W lanes (Lanes<W>, vec.h)
+// wide: 16 where
 // the CPU has AVX-512 (one zmm), 8 on AVX2 (one ymm: 16-lane vectors there split in two and
 // their accumulators spill, measured 5-9x slower on an AVX2 EPYC). Lanes never mix: a key's
 // score and a column's V sum run in the same order whatever W is, so the bits do not change.
-template <int W> struct Lanes;
-template <> struct Lanes<16> { typedef v16f type; };
-template <> struct Lanes<8> { typedef v8f type; };
 
 inline float bf16_to_float(uint16_t x) {
     uint32_t bits = static_cast<uint32_t>(x) << 16;
@@ -58,23 +56,6 @@ inline v8f load8(const float* p) {
 }
 
 inline void store8(float* p, v8f x) { std::memcpy(p, &x, sizeof x); }
-
-template <typename V>
-[[gnu::always_inline]] inline V loadv(const float* p) {
-    V x;
-    std::memcpy(&x, p, sizeof x);
-    return x;
-}
-
-template <typename V>
-[[gnu::always_inline]] inline void storev(float* p, V x) { std::memcpy(p, &x, sizeof x); }
-
-template <typename V>
-[[gnu::always_inline]] inline V splatv(float x) {
-    V v;
-    for (size_t i = 0; i < sizeof(V) / sizeof(float); ++i) v[i] = x;
-    return v;
-}
 
 // Scores of NR query rows (same KV head) against one tile of W keys, kt [d][W]:
 // each lane adds q[c] * k[c] for c = 0 .. d-1 in order, then scales.
@@ -116,7 +97,7 @@ template <int W, int NR>
     }
 }
 
-inline v8f splat(float x) { v8f v = {x}; return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0); }
+inline v8f splat(float x) { return splatv<v8f>(x); }
 
 // Row `index` (n values of the cache dtype) widened into `dst`.
 inline void load_row(const void* base, int64_t index, int64_t n, bool bf16, float* dst) {
@@ -395,20 +376,7 @@ void attend(uintptr_t q, uintptr_t o, uintptr_t k_cache, uintptr_t v_cache, uint
         bounds.push_back(std::max(b, bounds.back()));
     }
     bounds.push_back(batch);
-    std::vector<std::exception_ptr> errors(static_cast<size_t>(parts));
-    auto guarded = [&](int64_t part) {
-        try {
-            run(bounds[part], bounds[part + 1]);
-        } catch (...) {
-            errors[part] = std::current_exception();
-        }
-    };
-    std::vector<std::thread> pool;
-    for (int64_t part = 0; part + 1 < parts; ++part) pool.emplace_back(guarded, part);
-    guarded(parts - 1);
-    for (auto& t : pool) t.join();
-    for (auto& e : errors)
-        if (e) std::rethrow_exception(e);
+    rhyme_parts::run_in_parts(parts, [&](int64_t part) { run(bounds[part], bounds[part + 1]); });
 }
 
 }  // namespace
