@@ -1,10 +1,11 @@
 """Build script for the optional native modules: the suffix trie (rhyme_sglang.core._rhyme_native),
-the paged CPU attention (rhyme_sglang.cpu_backend._rhyme_attention) and the few-row CPU products
-(rhyme_sglang.cpu_backend._rhyme_gemm).
+the paged CPU attention (rhyme_sglang.cpu_backend._rhyme_attention), the few-row CPU products
+(rhyme_sglang.cpu_backend._rhyme_gemm) and the CPU norms and rotary (..._rhyme_ops).
 
 Metadata lives in pyproject.toml. The extension is optional: if it cannot be compiled the package
 still installs: `rhyme_sglang.core.native` falls back to the pure-Python trie with a warning, and the
-CPU attention to its batched PyTorch ops, the CPU linears to oneDNN / ``F.linear``.
+CPU attention to its batched PyTorch ops, the CPU linears to oneDNN / ``F.linear``, the norms
+and rotary to sglang's own PyTorch ops.
 """
 
 from setuptools import setup
@@ -26,6 +27,8 @@ else:
                 "rhyme_sglang/cpu_backend/_native/paged_attention.cpp"),
         _native("rhyme_sglang.cpu_backend._rhyme_gemm",
                 "rhyme_sglang/cpu_backend/_native/skinny_gemm.cpp", contract="fast"),
+        _native("rhyme_sglang.cpu_backend._rhyme_ops",
+                "rhyme_sglang/cpu_backend/_native/small_ops.cpp"),
     ]
 
 setup(ext_modules=ext_modules)

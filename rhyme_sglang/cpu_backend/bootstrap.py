@@ -36,6 +36,8 @@ _PATCHED_MODULES = (
     "sglang.srt.layers.logits_processor",
     "sglang.srt.model_executor.model_runner_components.weight_updater",
     "sglang.srt.layers.attention.intel_amx_backend",
+    "sglang.srt.layers.layernorm",
+    "sglang.srt.layers.rotary_embedding.base",
 )  # the keys of ``patches._BY_MODULE`` (kept apart so start-up imports nothing more)
 
 

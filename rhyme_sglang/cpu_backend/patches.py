@@ -25,6 +25,10 @@ Applied by :mod:`.bootstrap` right after the target module executes, only while 
   spec input, see ``sglang_ext/step_kinds.py: ragged_verify``) gets per-request extend
   lengths and its ``[bs, n, n]`` trees; sglang's own verify (every request ``n`` nodes) is
   passed through unchanged.
+* ``native_cpu_rmsnorm`` (``sglang.srt.layers.layernorm``) and ``native_cpu_rotary``
+  (``sglang.srt.layers.rotary_embedding.base``): the plain fp32 RMSNorm (with or without the
+  residual add) and rotary embedding run as one native call each (:mod:`.small_ops`) instead
+  of sglang's 7-25 PyTorch ops; every other variant keeps sglang's ``forward_native``.
 * ``repack_after_weight_updates``
   (``sglang.srt.model_executor.model_runner_components.weight_updater``): every in-place
   weight update marks the packs of :mod:`.linear` stale.
@@ -121,6 +125,47 @@ def packed_cpu_lm_head(logits_processor) -> None:
     APPLIED.add("packed_cpu_lm_head")
 
 
+def native_cpu_rmsnorm(layernorm) -> None:
+    import torch
+
+    from rhyme_sglang.cpu_backend import small_ops
+
+    norm = layernorm.RMSNorm
+    original = norm.forward_native
+
+    def forward_native(self, x, residual=None, post_residual_addition=None, quant_linear=None):
+        weight = getattr(self, "weight", None)
+        if (post_residual_addition is not None or quant_linear is not None or weight is None
+                or self.variance_size_override is not None
+                or self.override_orig_dtype not in (None, torch.float32)
+                or not small_ops.enabled() or not small_ops.rmsnorm_fits(x, weight, residual)):
+            return original(self, x, residual, post_residual_addition, quant_linear)
+        return small_ops.rmsnorm(x, weight.data, self.variance_epsilon, residual)
+
+    norm.forward_native = forward_native
+    APPLIED.add("native_cpu_rmsnorm")
+
+
+def native_cpu_rotary(rotary_base) -> None:
+    from rhyme_sglang.cpu_backend import small_ops
+
+    rope = rotary_base.RotaryEmbedding
+    original = rope.forward_native
+
+    def forward_native(self, positions, query, key, offsets=None, fused_set_kv_buffer_arg=None):
+        cache = getattr(self, "cos_sin_cache", None)
+        if (offsets is not None or fused_set_kv_buffer_arg is not None or cache is None
+                or hasattr(self, "sin_cos_cache") or not small_ops.enabled()
+                or not small_ops.rotary_fits(positions, query, key, cache, self.head_size,
+                                             self.rotary_dim)):
+            return original(self, positions, query, key, offsets, fused_set_kv_buffer_arg)
+        return small_ops.rotary(positions, query, key, cache, self.head_size, self.rotary_dim,
+                                self.is_neox_style)
+
+    rope.forward_native = forward_native
+    APPLIED.add("native_cpu_rotary")
+
+
 _UPDATE_METHODS = ("update_weights_from_disk", "update_weights_from_tensor",
                    "load_weights_from_distributed", "end_weight_update",
                    "update_weights_from_ipc")
@@ -176,6 +221,8 @@ _BY_MODULE = {
     "sglang.srt.layers.logits_processor": packed_cpu_lm_head,
     "sglang.srt.model_executor.model_runner_components.weight_updater": repack_after_weight_updates,
     "sglang.srt.layers.attention.intel_amx_backend": ragged_verify_metadata,
+    "sglang.srt.layers.layernorm": native_cpu_rmsnorm,
+    "sglang.srt.layers.rotary_embedding.base": native_cpu_rotary,
 }
 
 

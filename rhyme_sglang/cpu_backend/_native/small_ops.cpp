@@ -1,0 +1,135 @@
+// The small per-layer ops of a decode step, each one call instead of the 7-25 PyTorch ops (and
+// their dispatch) that sglang's native CPU path runs: RMSNorm with or without the residual
+// add, and rotary embedding of q and k. At decode's few rows they are all dispatch overhead
+// (measured on an AVX2 EPYC, SmolLM2, one plain step at batch 1: ~20% of the step was the
+// norms and rotary of sglang's forward_native).
+//
+// Each row is computed on its own, in an order that does not depend on the other rows, so the
+// ops keep the row invariance of the native GEMM and attention (a verify tree's rows and plain
+// decode rows get the same bits). Built without fast-math and with -ffp-contract=off:
+// the rotary products and sums round as PyTorch's separate multiply and add do.
+//
+// Called from rhyme_sglang/cpu_backend/small_ops.py with raw pointers to contiguous float32
+// tensors that Python checked; no torch headers are needed to build it.
+
+#include <pybind11/pybind11.h>
+
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "vec.h"
+
+namespace py = pybind11;
+
+namespace {
+
+using namespace rhyme_vec;
+
+// Sum of squares of n floats: 8 lanes of partial sums over i = lane (mod 8), then the lanes
+// and the tail in index order.
+template <typename V>
+[[gnu::always_inline]] inline float sum_squares(const float* x, int64_t n) {
+    V acc = splatv<V>(0.f);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const V v = loadv<V>(x + i);
+        acc += v * v;
+    }
+    float total = 0.f;
+    for (int lane = 0; lane < 8; ++lane) total += acc[lane];
+    for (; i < n; ++i) total += x[i] * x[i];
+    return total;
+}
+
+template <typename V>
+[[gnu::always_inline]] inline void rmsnorm_rows(const float* x, const float* residual, const float* weight,
+                                                float* out, float* residual_out, int64_t rows, int64_t n,
+                                                float eps) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* src = x + r * n;
+        float* dst = out + r * n;
+        if (residual != nullptr) {  // residual_out = x + residual, normalised from there
+            float* sum = residual_out + r * n;
+            const float* res = residual + r * n;
+            for (int64_t i = 0; i < n; ++i) sum[i] = src[i] + res[i];
+            src = sum;
+        }
+        const float scale = 1.f / std::sqrt(sum_squares<V>(src, n) / static_cast<float>(n) + eps);
+        for (int64_t i = 0; i < n; ++i) dst[i] = (src[i] * scale) * weight[i];
+    }
+}
+
+__attribute__((target("avx2"))) void rmsnorm_avx2(const float* x, const float* residual, const float* weight,
+                                                  float* out, float* residual_out, int64_t rows, int64_t n,
+                                                  float eps) {
+    rmsnorm_rows<v8f>(x, residual, weight, out, residual_out, rows, n, eps);
+}
+
+void rmsnorm_default(const float* x, const float* residual, const float* weight, float* out,
+                     float* residual_out, int64_t rows, int64_t n, float eps) {
+    rmsnorm_rows<v8f>(x, residual, weight, out, residual_out, rows, n, eps);
+}
+
+// out = rmsnorm(x [+ residual]) * weight; with a residual, residual_out = x + residual.
+void rmsnorm(uintptr_t x, uintptr_t residual, uintptr_t weight, uintptr_t out, uintptr_t residual_out,
+             int64_t rows, int64_t n, double eps) {
+    if (rows < 0 || n <= 0) throw std::invalid_argument("rmsnorm needs rows >= 0 and n > 0");
+    if (residual != 0 && residual_out == 0) throw std::invalid_argument("a residual needs residual_out");
+    static const bool avx2 = __builtin_cpu_supports("avx2");
+    auto* fn = avx2 ? rmsnorm_avx2 : rmsnorm_default;
+    py::gil_scoped_release release;
+    fn(reinterpret_cast<const float*>(x), reinterpret_cast<const float*>(residual),
+       reinterpret_cast<const float*>(weight), reinterpret_cast<float*>(out),
+       reinterpret_cast<float*>(residual_out), rows, n, static_cast<float>(eps));
+}
+
+// Rotary embedding of `heads` heads of head_size floats per token (rows of row_stride floats),
+// first rot_dim dims rotated, the rest copied: neox style rotates (i, i + rot/2) pairs, GPT-J
+// style (2i, 2i + 1). cos_sin [positions][rot_dim]: cos in the first half, sin in the second.
+void rotate_rows(const float* src, float* dst, const int64_t* positions, const float* cos_sin,
+                 int64_t tokens, int64_t heads, int64_t head_size, int64_t rot_dim, bool neox) {
+    const int64_t half = rot_dim / 2;
+    for (int64_t t = 0; t < tokens; ++t) {
+        const float* cos = cos_sin + positions[t] * rot_dim;
+        const float* sin = cos + half;
+        for (int64_t h = 0; h < heads; ++h) {
+            const float* x = src + (t * heads + h) * head_size;
+            float* o = dst + (t * heads + h) * head_size;
+            for (int64_t i = 0; i < half; ++i) {
+                const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+                const float x1 = x[a], x2 = x[b];
+                o[a] = x1 * cos[i] - x2 * sin[i];
+                o[b] = x2 * cos[i] + x1 * sin[i];
+            }
+            for (int64_t i = rot_dim; i < head_size; ++i) o[i] = x[i];
+        }
+    }
+}
+
+void rotary(uintptr_t positions, uintptr_t q, uintptr_t k, uintptr_t q_out, uintptr_t k_out,
+            uintptr_t cos_sin, int64_t table_rows, int64_t tokens, int64_t q_heads, int64_t k_heads,
+            int64_t head_size, int64_t rot_dim, bool neox) {
+    if (tokens < 0 || head_size <= 0 || rot_dim <= 0 || rot_dim > head_size || rot_dim % 2)
+        throw std::invalid_argument("rotary needs 0 < rot_dim <= head_size, rot_dim even");
+    const auto* pos = reinterpret_cast<const int64_t*>(positions);
+    for (int64_t t = 0; t < tokens; ++t)
+        if (pos[t] < 0 || pos[t] >= table_rows)
+            throw std::out_of_range("position " + std::to_string(pos[t]) + " is outside the rotary table of " +
+                                    std::to_string(table_rows) + " positions");
+    const auto* table = reinterpret_cast<const float*>(cos_sin);
+    py::gil_scoped_release release;
+    rotate_rows(reinterpret_cast<const float*>(q), reinterpret_cast<float*>(q_out), pos, table, tokens,
+                q_heads, head_size, rot_dim, neox);
+    rotate_rows(reinterpret_cast<const float*>(k), reinterpret_cast<float*>(k_out), pos, table, tokens,
+                k_heads, head_size, rot_dim, neox);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_rhyme_ops, m) {
+    m.doc() = "RMSNorm and rotary embedding for few-row CPU steps (see small_ops.cpp)";
+    m.def("rmsnorm", &rmsnorm);
+    m.def("rotary", &rotary);
+}

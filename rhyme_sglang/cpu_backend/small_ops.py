@@ -1,0 +1,81 @@
+"""RMSNorm and rotary embedding for CPU steps, one native call each (``_native/small_ops.cpp``).
+
+sglang's CPU path without its AMX kernels runs ``RMSNorm.forward_native`` (7-9 PyTorch ops) and
+``RotaryEmbedding.forward_native`` (~25 ops) twice and once a layer. At decode's few rows every
+op is dispatch overhead. The patches in :mod:`.patches` send the calls these functions can take
+(fp32 CPU tensors, the plain variants) here and leave the rest to sglang.
+
+Each row is computed on its own, so the ops keep the row invariance of the native GEMM and
+attention. Results equal sglang's within float rounding (the norm sums its squares in another
+order; the rotary rounds exactly as PyTorch's separate products and sums do).
+``RHYME_CPU_SMALL_OPS=torch`` keeps sglang's ops everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+try:
+    from . import _rhyme_ops as _native
+except ImportError:  # not built: sglang's own ops
+    _native = None
+
+MODE_ENV = "RHYME_CPU_SMALL_OPS"
+MODES = ("native", "torch")
+
+
+def enabled(env: Optional[dict] = None) -> bool:
+    text = (os.environ if env is None else env).get(MODE_ENV, "native").strip() or "native"
+    if text not in MODES:
+        raise ValueError(f"{MODE_ENV} must be one of {MODES}, got {text!r}")
+    return text == "native" and _native is not None
+
+
+def _fp32_cpu(*tensors: torch.Tensor) -> bool:
+    return all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
+               for t in tensors)
+
+
+def rmsnorm_fits(x: torch.Tensor, weight: torch.Tensor, residual: Optional[torch.Tensor]) -> bool:
+    n = weight.numel()
+    return (x.dim() >= 1 and x.shape[-1] == n and weight.dim() == 1 and _fp32_cpu(x, weight)
+            and (residual is None or (residual.shape == x.shape and _fp32_cpu(residual))))
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+            residual: Optional[torch.Tensor] = None):
+    """``x / rms(x) * weight``; with ``residual``, ``(norm(x + residual), x + residual)``."""
+    n = weight.numel()
+    rows = x.numel() // n
+    out = torch.empty_like(x)
+    summed = torch.empty_like(x) if residual is not None else None
+    _native.rmsnorm(x.data_ptr(), 0 if residual is None else residual.data_ptr(), weight.data_ptr(),
+                    out.data_ptr(), 0 if summed is None else summed.data_ptr(), rows, n, float(eps))
+    return out if residual is None else (out, summed)
+
+
+def rotary_fits(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+                cos_sin_cache: torch.Tensor, head_size: int, rotary_dim: int) -> bool:
+    tokens = positions.numel()
+    return (positions.dtype == torch.int64 and positions.is_contiguous()
+            and cos_sin_cache.dim() == 2 and cos_sin_cache.shape[1] == rotary_dim
+            and 0 < rotary_dim <= head_size and rotary_dim % 2 == 0
+            and _fp32_cpu(query, key, cos_sin_cache)
+            and query.numel() % max(1, tokens * head_size) == 0
+            and key.numel() % max(1, tokens * head_size) == 0)
+
+
+def rotary(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+           cos_sin_cache: torch.Tensor, head_size: int, rotary_dim: int, neox: bool):
+    """Rotated copies of ``query`` and ``key`` (shapes kept), as sglang's ``forward_native``."""
+    tokens = positions.numel()
+    q_out, k_out = torch.empty_like(query), torch.empty_like(key)
+    if tokens:
+        _native.rotary(positions.data_ptr(), query.data_ptr(), key.data_ptr(), q_out.data_ptr(),
+                       k_out.data_ptr(), cos_sin_cache.data_ptr(), cos_sin_cache.shape[0], tokens,
+                       query.numel() // (tokens * head_size), key.numel() // (tokens * head_size),
+                       head_size, rotary_dim, bool(neox))
+    return q_out, k_out

@@ -1,0 +1,135 @@
+"""The native RMSNorm and rotary embedding equal sglang's PyTorch ops, keep each row's bits
+independent of the other rows, and refuse bad positions; the patched sglang layers use them
+only for the variants they implement."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rhyme_sglang.cpu_backend import small_ops
+
+pytestmark = pytest.mark.skipif(small_ops._native is None, reason="_rhyme_ops is not built")
+
+
+def _reference_rmsnorm(x, weight, eps, residual=None):
+    """sglang's ``RMSNorm.forward_native`` for fp32."""
+    if residual is not None:
+        x = x + residual
+        residual = x
+    variance = x.pow(2).mean(dim=-1, keepdim=True)
+    out = (x * torch.rsqrt(variance + eps)) * weight
+    return out if residual is None else (out, residual)
+
+
+def _reference_rotary(positions, query, key, cache, head_size, rot, neox):
+    """sglang's ``RotaryEmbedding.forward_native`` (via its ``apply_rotary_emb``)."""
+    cos, sin = cache.index_select(0, positions).chunk(2, dim=-1)
+
+    def apply(x):
+        shape = x.shape
+        x = x.view(positions.numel(), -1, head_size)
+        part, rest = x[..., :rot], x[..., rot:]
+        c, s = cos.unsqueeze(-2), sin.unsqueeze(-2)
+        if neox:
+            x1, x2 = part.chunk(2, dim=-1)
+        else:
+            x1, x2 = part[..., ::2], part[..., 1::2]
+        o1, o2 = x1 * c - x2 * s, x2 * c + x1 * s
+        part = torch.cat((o1, o2), -1) if neox else torch.stack((o1, o2), -1).flatten(-2)
+        return torch.cat((part, rest), -1).reshape(shape)
+
+    return apply(query), apply(key)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 9, 40])
+@pytest.mark.parametrize("hidden", [576, 37])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rmsnorm_matches_sglang(rows, hidden, with_residual):
+    gen = torch.Generator().manual_seed(rows * hidden)
+    x = torch.randn(rows, hidden, generator=gen) * 3
+    weight = torch.randn(hidden, generator=gen)
+    residual = torch.randn(rows, hidden, generator=gen) if with_residual else None
+    got = small_ops.rmsnorm(x, weight, 1e-5, residual)
+    want = _reference_rmsnorm(x, weight, 1e-5, residual)
+    if with_residual:
+        torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+        assert torch.equal(got[1], want[1])  # the sum is one rounding either way
+    else:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    out = got[0] if with_residual else got
+    one = small_ops.rmsnorm(x[-1:], weight, 1e-5, None if residual is None else residual[-1:])
+    assert torch.equal((one[0] if with_residual else one)[0], out[-1])  # row-invariant
+
+
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("rot", [64, 32])
+def test_rotary_matches_sglang(neox, rot):
+    gen = torch.Generator().manual_seed(rot + neox)
+    head_size, tokens = 64, 11
+    cache = torch.randn(300, rot, generator=gen)
+    positions = torch.randint(0, 300, (tokens,), generator=gen)
+    query = torch.randn(tokens, 9 * head_size, generator=gen)
+    key = torch.randn(tokens, 3 * head_size, generator=gen)
+    q, k = small_ops.rotary(positions, query, key, cache, head_size, rot, neox)
+    q_ref, k_ref = _reference_rotary(positions, query, key, cache, head_size, rot, neox)
+    assert torch.equal(q, q_ref) and torch.equal(k, k_ref)  # same products, same roundings
+    assert q.shape == query.shape and k.shape == key.shape
+
+
+def test_rotary_refuses_a_position_outside_its_table():
+    cache = torch.randn(16, 64)
+    q, k = torch.randn(2, 64), torch.randn(2, 64)
+    with pytest.raises(IndexError, match="position 16 is outside the rotary table of 16"):
+        small_ops.rotary(torch.tensor([3, 16]), q, k, cache, 64, 64, True)
+
+
+def test_bad_mode_names_the_value():
+    with pytest.raises(ValueError, match="'fastest'"):
+        small_ops.enabled({small_ops.MODE_ENV: "fastest"})
+    assert not small_ops.enabled({small_ops.MODE_ENV: "torch"})
+
+
+@pytest.mark.sglang
+def test_patched_sglang_layers_equal_their_own_ops():
+    """sglang's RMSNorm and RotaryEmbedding, patched by the CPU backend in a fresh process, give
+    what their own PyTorch path gives (``RHYME_CPU_SMALL_OPS=torch``), and leave a variant
+    they do not implement to sglang."""
+    from tests.cpu_backend.test_bootstrap import _run
+
+    r = _run("""
+        import os
+        os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
+        from rhyme_sglang import cpu_backend
+        cpu_backend.activate()
+        import torch
+        from sglang.srt.layers import layernorm
+        from sglang.srt.layers.rotary_embedding import base
+        from rhyme_sglang.cpu_backend import patches, small_ops
+        assert {"native_cpu_rmsnorm", "native_cpu_rotary"} <= patches.APPLIED
+        gen = torch.Generator().manual_seed(0)
+        norm = layernorm.RMSNorm(96, eps=1e-6)
+        norm.weight.data.copy_(torch.randn(96, generator=gen))
+        rope = base.RotaryEmbedding(64, 64, 512, 10000, True, torch.float32)
+        x, residual = torch.randn(5, 96, generator=gen), torch.randn(5, 96, generator=gen)
+        positions = torch.arange(7, 12)
+        q, k = torch.randn(5, 2 * 64, generator=gen), torch.randn(5, 64, generator=gen)
+        calls = []
+        for name in ("rmsnorm", "rotary"):
+            fn = getattr(small_ops, name)
+            setattr(small_ops, name, lambda *a, _fn=fn, _n=name: calls.append(_n) or _fn(*a))
+        native = (*norm.forward_native(x, residual), *rope.forward_native(positions, q, k))
+        assert calls == ["rmsnorm", "rotary"], calls
+        os.environ[small_ops.MODE_ENV] = "torch"
+        own = (*norm.forward_native(x, residual), *rope.forward_native(positions, q, k))
+        assert calls == ["rmsnorm", "rotary"], calls
+        for got, want in zip(native, own):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        os.environ[small_ops.MODE_ENV] = "native"
+        extra = torch.randn(5, 96, generator=gen)
+        out, summed = norm.forward_native(x, residual, post_residual_addition=extra)
+        assert calls == ["rmsnorm", "rotary"], calls
+        torch.testing.assert_close(summed, x + residual + extra)
+        print("ok")
+    """)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
