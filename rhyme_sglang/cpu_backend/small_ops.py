@@ -57,25 +57,44 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     return out if residual is None else (out, summed)
 
 
+def _rows(x: torch.Tensor, tokens: int, head_size: int) -> Optional[int]:
+    """The row stride (floats) of ``x`` read as ``tokens`` rows of whole heads, or None where
+    it is not such a layout: contiguous, or 2-D with contiguous rows (q or k split out of a
+    fused qkv row, as sglang's models do)."""
+    if x.dtype != torch.float32 or x.device.type != "cpu" or tokens == 0:
+        return None
+    if x.is_contiguous():
+        width = x.numel() // tokens
+    elif x.dim() == 2 and x.shape[0] == tokens and x.stride(1) == 1 and x.stride(0) >= x.shape[1]:
+        width = x.shape[1]
+    else:
+        return None
+    if width * tokens != x.numel() or width % head_size:
+        return None
+    return width if x.is_contiguous() else x.stride(0)
+
+
 def rotary_fits(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
                 cos_sin_cache: torch.Tensor, head_size: int, rotary_dim: int) -> bool:
     tokens = positions.numel()
     return (positions.dtype == torch.int64 and positions.is_contiguous()
             and cos_sin_cache.dim() == 2 and cos_sin_cache.shape[1] == rotary_dim
-            and 0 < rotary_dim <= head_size and rotary_dim % 2 == 0
-            and _fp32_cpu(query, key, cos_sin_cache)
-            and query.numel() % max(1, tokens * head_size) == 0
-            and key.numel() % max(1, tokens * head_size) == 0)
+            and 0 < rotary_dim <= head_size and rotary_dim % 2 == 0 and _fp32_cpu(cos_sin_cache)
+            and _rows(query, tokens, head_size) is not None
+            and _rows(key, tokens, head_size) is not None)
 
 
 def rotary(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
            cos_sin_cache: torch.Tensor, head_size: int, rotary_dim: int, neox: bool):
-    """Rotated copies of ``query`` and ``key`` (shapes kept), as sglang's ``forward_native``."""
+    """Rotated contiguous copies of ``query`` and ``key`` (shapes kept), as sglang's
+    ``forward_native`` returns them; the inputs may be row views of a fused qkv tensor."""
     tokens = positions.numel()
-    q_out, k_out = torch.empty_like(query), torch.empty_like(key)
+    q_out = torch.empty(query.shape, dtype=query.dtype)
+    k_out = torch.empty(key.shape, dtype=key.dtype)
     if tokens:
-        _native.rotary(positions.data_ptr(), query.data_ptr(), key.data_ptr(), q_out.data_ptr(),
-                       k_out.data_ptr(), cos_sin_cache.data_ptr(), cos_sin_cache.shape[0], tokens,
-                       query.numel() // (tokens * head_size), key.numel() // (tokens * head_size),
-                       head_size, rotary_dim, bool(neox))
+        q_stride, k_stride = _rows(query, tokens, head_size), _rows(key, tokens, head_size)
+        _native.rotary(positions.data_ptr(), query.data_ptr(), q_stride, key.data_ptr(), k_stride,
+                       q_out.data_ptr(), k_out.data_ptr(), cos_sin_cache.data_ptr(),
+                       cos_sin_cache.shape[0], tokens, query.numel() // (tokens * head_size),
+                       key.numel() // (tokens * head_size), head_size, rotary_dim, bool(neox))
     return q_out, k_out

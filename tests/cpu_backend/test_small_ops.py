@@ -64,13 +64,20 @@ def test_rmsnorm_matches_sglang(rows, hidden, with_residual):
 
 @pytest.mark.parametrize("neox", [True, False])
 @pytest.mark.parametrize("rot", [64, 32])
-def test_rotary_matches_sglang(neox, rot):
+@pytest.mark.parametrize("fused", [False, True])
+def test_rotary_matches_sglang(neox, rot, fused):
     gen = torch.Generator().manual_seed(rot + neox)
     head_size, tokens = 64, 11
     cache = torch.randn(300, rot, generator=gen)
     positions = torch.randint(0, 300, (tokens,), generator=gen)
-    query = torch.randn(tokens, 9 * head_size, generator=gen)
-    key = torch.randn(tokens, 3 * head_size, generator=gen)
+    if fused:  # q and k as sglang's models pass them: row views of one qkv tensor
+        qkv = torch.randn(tokens, 15 * head_size, generator=gen)
+        query, key, _ = qkv.split([9 * head_size, 3 * head_size, 3 * head_size], dim=-1)
+        assert not query.is_contiguous()
+    else:
+        query = torch.randn(tokens, 9 * head_size, generator=gen)
+        key = torch.randn(tokens, 3 * head_size, generator=gen)
+    assert small_ops.rotary_fits(positions, query, key, cache, head_size, rot)
     q, k = small_ops.rotary(positions, query, key, cache, head_size, rot, neox)
     q_ref, k_ref = _reference_rotary(positions, query, key, cache, head_size, rot, neox)
     assert torch.equal(q, q_ref) and torch.equal(k, k_ref)  # same products, same roundings
@@ -113,7 +120,8 @@ def test_patched_sglang_layers_equal_their_own_ops():
         rope = base.RotaryEmbedding(64, 64, 512, 10000, True, torch.float32)
         x, residual = torch.randn(5, 96, generator=gen), torch.randn(5, 96, generator=gen)
         positions = torch.arange(7, 12)
-        q, k = torch.randn(5, 2 * 64, generator=gen), torch.randn(5, 64, generator=gen)
+        # q and k as the model passes them: row views of its fused qkv projection
+        q, k, _ = torch.randn(5, 4 * 64, generator=gen).split([2 * 64, 64, 64], dim=-1)
         calls = []
         for name in ("rmsnorm", "rotary"):
             fn = getattr(small_ops, name)

@@ -85,17 +85,20 @@ void rmsnorm(uintptr_t x, uintptr_t residual, uintptr_t weight, uintptr_t out, u
        reinterpret_cast<float*>(residual_out), rows, n, static_cast<float>(eps));
 }
 
-// Rotary embedding of `heads` heads of head_size floats per token (rows of row_stride floats),
-// first rot_dim dims rotated, the rest copied: neox style rotates (i, i + rot/2) pairs, GPT-J
-// style (2i, 2i + 1). cos_sin [positions][rot_dim]: cos in the first half, sin in the second.
-void rotate_rows(const float* src, float* dst, const int64_t* positions, const float* cos_sin,
-                 int64_t tokens, int64_t heads, int64_t head_size, int64_t rot_dim, bool neox) {
+// Rotary embedding of `heads` heads of head_size floats per token: token t's heads start at
+// src + t * src_stride (a row of q or k inside a fused qkv row, say) and go to dst + t * heads
+// * head_size. The first rot_dim dims are rotated, the rest copied: neox style rotates
+// (i, i + rot/2) pairs, GPT-J style (2i, 2i + 1). cos_sin [positions][rot_dim]: cos in the
+// first half, sin in the second.
+void rotate_rows(const float* src, int64_t src_stride, float* dst, const int64_t* positions,
+                 const float* cos_sin, int64_t tokens, int64_t heads, int64_t head_size, int64_t rot_dim,
+                 bool neox) {
     const int64_t half = rot_dim / 2;
     for (int64_t t = 0; t < tokens; ++t) {
         const float* cos = cos_sin + positions[t] * rot_dim;
         const float* sin = cos + half;
         for (int64_t h = 0; h < heads; ++h) {
-            const float* x = src + (t * heads + h) * head_size;
+            const float* x = src + t * src_stride + h * head_size;
             float* o = dst + (t * heads + h) * head_size;
             for (int64_t i = 0; i < half; ++i) {
                 const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
@@ -108,11 +111,13 @@ void rotate_rows(const float* src, float* dst, const int64_t* positions, const f
     }
 }
 
-void rotary(uintptr_t positions, uintptr_t q, uintptr_t k, uintptr_t q_out, uintptr_t k_out,
-            uintptr_t cos_sin, int64_t table_rows, int64_t tokens, int64_t q_heads, int64_t k_heads,
-            int64_t head_size, int64_t rot_dim, bool neox) {
+void rotary(uintptr_t positions, uintptr_t q, int64_t q_stride, uintptr_t k, int64_t k_stride,
+            uintptr_t q_out, uintptr_t k_out, uintptr_t cos_sin, int64_t table_rows, int64_t tokens,
+            int64_t q_heads, int64_t k_heads, int64_t head_size, int64_t rot_dim, bool neox) {
     if (tokens < 0 || head_size <= 0 || rot_dim <= 0 || rot_dim > head_size || rot_dim % 2)
         throw std::invalid_argument("rotary needs 0 < rot_dim <= head_size, rot_dim even");
+    if (q_stride < q_heads * head_size || k_stride < k_heads * head_size)
+        throw std::invalid_argument("a row stride is shorter than its row");
     const auto* pos = reinterpret_cast<const int64_t*>(positions);
     for (int64_t t = 0; t < tokens; ++t)
         if (pos[t] < 0 || pos[t] >= table_rows)
@@ -120,10 +125,10 @@ void rotary(uintptr_t positions, uintptr_t q, uintptr_t k, uintptr_t q_out, uint
                                     std::to_string(table_rows) + " positions");
     const auto* table = reinterpret_cast<const float*>(cos_sin);
     py::gil_scoped_release release;
-    rotate_rows(reinterpret_cast<const float*>(q), reinterpret_cast<float*>(q_out), pos, table, tokens,
-                q_heads, head_size, rot_dim, neox);
-    rotate_rows(reinterpret_cast<const float*>(k), reinterpret_cast<float*>(k_out), pos, table, tokens,
-                k_heads, head_size, rot_dim, neox);
+    rotate_rows(reinterpret_cast<const float*>(q), q_stride, reinterpret_cast<float*>(q_out), pos, table,
+                tokens, q_heads, head_size, rot_dim, neox);
+    rotate_rows(reinterpret_cast<const float*>(k), k_stride, reinterpret_cast<float*>(k_out), pos, table,
+                tokens, k_heads, head_size, rot_dim, neox);
 }
 
 }  // namespace
