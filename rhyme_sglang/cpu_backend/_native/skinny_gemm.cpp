@@ -7,7 +7,8 @@
 // L2 while every row of x passes over it. A micro-kernel keeps NR rows x 2 vectors of
 // accumulators in registers and, for each k in order, loads the panel's two vectors once,
 // broadcasts x[r][k] and adds the products: each output element is a single running sum over
-// k = 0 .. K-1 in order, in its own lane.
+// k = 0 .. K-1 in order, in its own lane. The first row tile of a panel prefetches the panel
+// stream kAhead steps of k ahead.
 //
 // So a row's result does not depend on how many other rows share the call or where the row
 // sits among them: the same input row gives the same bits at M = 1 (a decode step) and as one
@@ -17,7 +18,8 @@
 // ISA builds, chosen once by __builtin_cpu_supports: AVX-512 (W = 16, 12-row tiles), AVX2 with
 // FMA (W = 8, 6-row tiles), and a portable build. The file is compiled with FMA contraction
 // allowed (-ffp-contract=fast), so the AVX-512 and AVX2 builds both compute fma(x, w, acc) per
-// element and agree bit for bit; the portable build rounds the product and sum separately.
+// element and should agree bit for bit (not yet checked on an AVX-512 CPU); the portable build
+// rounds the product and the sum separately. Row invariance holds within any one build.
 //
 // Called from rhyme_sglang/cpu_backend/linear.py with raw pointers to contiguous float32 tensors
 // that Python checked; no torch headers are needed to build it.
