@@ -246,11 +246,6 @@ class LinearState:
         self.generation = -1
         self.weight_ptr = 0
 
-    @property
-    def packed(self) -> Optional[torch.Tensor]:
-        """The oneDNN pack, if one was made."""
-        return self.packs.get("onednn")
-
     def pack_for(self, kind: str, weight: torch.Tensor) -> Optional[torch.Tensor]:
         """``weight`` packed for ``kind`` (``onednn`` or ``native``); None where it cannot be,
         and then no bucket asks for that kind again."""
