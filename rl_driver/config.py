@@ -163,6 +163,10 @@ class TrainConfig:
     # one forward of each distinct prompt per micro-batch, its KV shared by the group's
     # responses (same gradients as a forward per sample; G-fold less prompt compute)
     share_prompt_forward: bool = True
+    # leave samples whose advantage is exactly 0 (groups with equal rewards) out of the
+    # forward/backward when there is no KL term: their loss and gradient are exactly 0, and
+    # they still count in the token-mean, so the update is the same, for less compute
+    skip_zero_advantage: bool = True
 
     def __post_init__(self):
         _check(self.lr > 0, "train.lr", self.lr, "must be > 0")
@@ -182,6 +186,8 @@ class TrainConfig:
                self.num_threads, "must be an int >= 0")
         _check(isinstance(self.share_prompt_forward, bool), "train.share_prompt_forward",
                self.share_prompt_forward, "must be true or false")
+        _check(isinstance(self.skip_zero_advantage, bool), "train.skip_zero_advantage",
+               self.skip_zero_advantage, "must be true or false")
         _check(self.dtype in ("float32", "bfloat16"), "train.dtype", self.dtype,
                "must be float32 or bfloat16")
         _check(self.autocast_bf16 is True or self.autocast_bf16 is False

@@ -30,6 +30,9 @@ def group_advantages(rewards: Sequence[float], group_size: int, eps: float = 1e-
     centred = g - g.mean(dim=1, keepdim=True)
     if scale and group_size > 1:
         centred = centred / (g.std(dim=1, unbiased=True, keepdim=True) + eps)
+    # exactly 0 where the group's rewards are equal (the mean's rounding would leave ~1e-11)
+    equal = (g == g[:, :1]).all(dim=1, keepdim=True)
+    centred = torch.where(equal, torch.zeros_like(centred), centred)
     return centred.reshape(-1).to(torch.float32)
 
 

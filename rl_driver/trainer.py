@@ -220,16 +220,17 @@ class Trainer:
         return [ordered[i:i + size] for i in range(0, len(ordered), size)]
 
     def _recompute_logprobs(self, samples: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-        """The samples with ``logprobs`` replaced by this model's (no grad); the rollout's
-        are kept as ``rollout_logprobs``."""
-        out = []
+        """The samples, in their order, with ``logprobs`` replaced by this model's (no grad);
+        the rollout's are kept as ``rollout_logprobs``."""
+        fresh = {}
         with torch.no_grad():
             for batch in self._micro_batches(samples):
                 logp = self._response_logprobs(self.model, batch)
                 for i, s in enumerate(batch):
                     n = len(s["response_ids"])
-                    out.append(dict(s, rollout_logprobs=s["logprobs"], logprobs=logp[i, :n].tolist()))
-        return out
+                    fresh[id(s)] = dict(s, rollout_logprobs=s["logprobs"],
+                                        logprobs=logp[i, :n].tolist())
+        return [fresh[id(s)] for s in samples]
 
     def train_step(self, samples: List[Dict[str, Any]]) -> Dict[str, float]:
         """GRPO update on ``samples`` (responses with no tokens are skipped)."""
@@ -239,21 +240,36 @@ class Trainer:
         samples = [s for s in samples if len(s["response_ids"]) > 0]
         if not samples:
             raise ValueError("train_step got no samples with response tokens")
+        # which samples need a forward: with no KL term, a zero advantage means a zero loss
+        # and gradient (they still count in each minibatch's token-mean below)
+        skip = cfg.skip_zero_advantage and self.ref_model is None
+        needed = [not skip or float(s["advantage"]) != 0.0 for s in samples]
         rollout_diff = None
         if cfg.old_logprobs == "recompute":
-            samples = self._recompute_logprobs(samples)
-            rollout_diff = sum(abs(a - b) for s in samples
+            fresh = iter(self._recompute_logprobs([s for s, n in zip(samples, needed) if n]))
+            samples = [next(fresh) if n else s for s, n in zip(samples, needed)]
+            rollout_diff = sum(abs(a - b) for s in samples if "rollout_logprobs" in s
                                for a, b in zip(s["logprobs"], s["rollout_logprobs"]))
         minibatches = [samples[i::cfg.num_minibatches] for i in range(cfg.num_minibatches)]
-        plan = [self._micro_batches(m) for m in minibatches if m]
+        minibatches = [m for m in minibatches if m]
+        kept = [needed[i::cfg.num_minibatches] for i in range(cfg.num_minibatches)]
+        kept = [[s for s, n in zip(m, k) if n] for m, k in zip(minibatches, kept)]
+        plan = [self._micro_batches(k) for k in kept]
         done, total = 0, sum(len(p) for p in plan)
         self._progress = (done, total)
         totals = {"loss": 0.0, "clip_frac": 0.0, "kl": 0.0, "ratio_mean": 0.0,
                   "grad_norm": 0.0, "logprob_abs_diff": 0.0}
         steps = 0
-        for mb, batches in zip((m for m in minibatches if m), plan):
+        trained_tokens = 0
+        for mb, kept_mb, batches in zip(minibatches, kept, plan):
             num_tokens = float(sum(len(s["response_ids"]) for s in mb))
+            # per-token stats are reported over the tokens that had a forward
+            trained = sum(len(s["response_ids"]) for s in kept_mb)
+            trained_tokens += trained
             self.optimizer.zero_grad(set_to_none=True)
+            if not batches:  # every sample skipped: AdamW steps on a zero gradient, as it would
+                for p in self.model.parameters():
+                    p.grad = torch.zeros_like(p)
             for batch in batches:
                 old, resp_mask, adv = self._targets(batch)
                 logp = self._response_logprobs(self.model, batch)
@@ -265,7 +281,7 @@ class Trainer:
                 loss.backward()
                 totals["loss"] += float(loss.detach())  # each part is already divided by num_tokens
                 for k in ("clip_frac", "kl", "ratio_mean"):
-                    totals[k] += stats[k]
+                    totals[k] += stats[k] * num_tokens / trained
                 totals["logprob_abs_diff"] += float(((logp.detach() - old).abs() * resp_mask).sum())
                 done += 1
                 self._progress = (done, total)
@@ -278,8 +294,10 @@ class Trainer:
         out = {k: v / steps for k, v in totals.items() if k not in ("logprob_abs_diff",)}
         if rollout_diff is not None:  # engine vs trainer, before the update
             totals["logprob_abs_diff"] = rollout_diff
-        out.update(logprob_abs_diff=totals["logprob_abs_diff"] / all_tokens, optimizer_steps=steps,
-                   train_tokens=all_tokens, train_time_s=time.time() - t0, version=self.version)
+        out.update(logprob_abs_diff=totals["logprob_abs_diff"] / max(1, trained_tokens),
+                   optimizer_steps=steps, train_tokens=all_tokens,
+                   forward_tokens=trained_tokens, skipped_samples=needed.count(False),
+                   train_time_s=time.time() - t0, version=self.version)
         return out
 
     # ---- weights out -----------------------------------------------------------------------

@@ -19,6 +19,17 @@ def test_group_advantages_normalise_within_groups():
     assert torch.equal(adv[4:], torch.zeros(4))  # equal rewards: no signal
 
 
+def test_equal_rewards_give_exactly_zero_advantages():
+    # the mean of six 0.1s is not 0.1 in floating point; the advantage is still exactly 0,
+    # which is what lets the trainer skip the group (train.skip_zero_advantage)
+    rewards = torch.tensor([0.1] * 6, dtype=torch.float64)
+    assert bool((rewards - rewards.mean() != 0).any())
+    adv = group_advantages([0.1] * 6 + [1.1, 0.1] * 3, group_size=6)
+    assert torch.equal(adv[:6], torch.zeros(6))
+    assert bool((adv[6:] != 0).all())
+    assert torch.equal(group_advantages([0.1] * 4, 4, scale=False), torch.zeros(4))
+
+
 def test_group_advantages_reject_bad_input():
     with pytest.raises(ValueError, match="groups of 3"):
         group_advantages([1.0, 2.0], group_size=3)

@@ -99,3 +99,51 @@ def test_pack_rows_places_every_response_once_with_its_own_prompt():
         pack_rows([0], [0], 4)
     with pytest.raises(ValueError, match="response lengths"):
         pack_rows([0], [5], 4)
+
+
+@pytest.mark.parametrize("old_logprobs", ["rollout", "recompute"])
+def test_zero_advantage_samples_are_skipped_with_the_same_update(old_logprobs):
+    """With no KL term a sample of advantage 0 has a zero loss and gradient: leaving it out of
+    the forward (it still counts in the token-mean) gives the same update, also when a whole
+    minibatch is skipped and AdamW steps on its momentum alone."""
+    from rhyme_sglang.models import resolve_model_path
+    from rl_driver.config import TrainConfig
+    from rl_driver.trainer import Trainer
+
+    path = resolve_model_path("tiny")
+    common = dict(lr=1e-3, micro_batch_size=3, num_minibatches=2, autocast_bf16=False,
+                  num_threads=1, old_logprobs=old_logprobs)
+    full = Trainer(path, TrainConfig(skip_zero_advantage=False, **common), seed=0)
+    lean = Trainer(path, TrainConfig(skip_zero_advantage=True, **common), seed=0)
+    samples = _samples(full.model.config.vocab_size, seed=4)
+    for s in samples[:4] + samples[8:]:  # groups 0 and 2 had equal rewards
+        s["advantage"] = 0.0
+    zero = [dict(s, advantage=0.0) for s in samples]
+    for step, batch in enumerate((samples, zero, samples)):
+        sa, sb = full.train_step(batch), lean.train_step(batch)
+        skipped = sum(s["advantage"] == 0.0 for s in batch)
+        assert (sa["skipped_samples"], sb["skipped_samples"]) == (0, skipped)
+        assert sb["train_tokens"] == sa["train_tokens"] == sa["forward_tokens"]
+        assert sb["forward_tokens"] == sum(len(s["response_ids"]) for s in batch
+                                           if s["advantage"] != 0.0)
+        assert sa["loss"] == pytest.approx(sb["loss"], rel=1e-4, abs=1e-6)
+        for (name, pa), (_, pb) in zip(full.model.named_parameters(),
+                                       lean.model.named_parameters()):
+            assert torch.allclose(pa, pb, atol=1e-5), (step, name)
+    # the momentum moved the weights on the all-zero step too, in both
+    assert sa["optimizer_steps"] == 2
+
+
+def test_skip_zero_advantage_keeps_the_kl_term():
+    from rhyme_sglang.models import resolve_model_path
+    from rl_driver.config import TrainConfig
+    from rl_driver.trainer import Trainer
+
+    cfg = TrainConfig(lr=1e-3, micro_batch_size=4, kl_coef=0.1, autocast_bf16=False,
+                      num_threads=1)
+    trainer = Trainer(resolve_model_path("tiny"), cfg, seed=0)
+    samples = [dict(s, advantage=0.0) for s in _samples(trainer.model.config.vocab_size, 6)]
+    stats = trainer.train_step(samples)
+    assert stats["skipped_samples"] == 0 and stats["forward_tokens"] == stats["train_tokens"]
+    with pytest.raises(ValueError, match="skip_zero_advantage"):
+        TrainConfig(skip_zero_advantage="yes")
