@@ -40,6 +40,7 @@ whose GEMMs are faster there (measured: from ~16 query rows at a 256-token prefi
 from __future__ import annotations
 
 import os
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -270,14 +271,22 @@ def _native_attend(q, o, k_buffer, v_buffer, req_to_token, pool_rows, seq_lens, 
     k/v [T, Hkv, D*] this step's K/V (read instead of the cache at extend offsets) or None;
     tree [B, n, n] bool or None.
     """
-    hkv, dv = k_buffer.shape[1], v_buffer.shape[2]
-    qf = q.to(torch.float32).contiguous()
-    direct = o.dtype == torch.float32 and o.is_contiguous()
-    out = o if direct else torch.zeros(o.shape, dtype=torch.float32)
     longs = [x.to(torch.int64).contiguous() for x in (pool_rows, seq_lens, ext_lens, starts)]
     if longs[0].numel() and int((longs[3] + longs[2].clamp(min=0)).max()) > q.shape[0]:
         raise ValueError(f"extend rows reach past q's {q.shape[0]} rows (starts {longs[3].tolist()}, "
                          f"extend lengths {longs[2].tolist()})")
+    _native_call(q, o, k_buffer, v_buffer, req_to_token, longs, sm_scale, logit_cap, is_causal,
+                 k, v, tree)
+
+
+def _native_call(q, o, k_buffer, v_buffer, req_to_token, longs, sm_scale, logit_cap, is_causal,
+                 k=None, v=None, tree=None):
+    """``_native_attend`` past its checks: ``longs`` are the int64 contiguous pool rows,
+    sequence lengths, extend lengths and starts."""
+    hkv, dv = k_buffer.shape[1], v_buffer.shape[2]
+    qf = q.to(torch.float32).contiguous()
+    direct = o.dtype == torch.float32 and o.is_contiguous()
+    out = o if direct else torch.zeros(o.shape, dtype=torch.float32)
     fresh = [None if x is None else x.reshape(x.shape[0], hkv, -1).to(k_buffer.dtype).contiguous()
              for x in (k, v)]
     tree_u8 = None if tree is None else tree.to(torch.uint8).contiguous()
@@ -353,6 +362,47 @@ def extend_attention_cpu(
                          sm_scale, logit_cap, k, v)
 
 
+_DECODE_META = None  # (weakref pool rows, weakref seq_lens, their versions, int64 arrays)
+
+
+def _decode_meta(req_pool_indices, seq_lens):
+    """The int64 per-request arrays a native decode reads (pool rows, lengths, extend lengths
+    of 1, starts 0..B-1). Every layer of a forward passes the same two tensors, so they are
+    made once per forward: reused while both are the same objects, unmodified."""
+    global _DECODE_META
+    key = (req_pool_indices._version, seq_lens._version)
+    cached = _DECODE_META
+    if (cached is not None and cached[0]() is req_pool_indices and cached[1]() is seq_lens
+            and cached[2] == key):
+        return cached[3]
+    bsz = seq_lens.shape[0]
+    longs = [req_pool_indices.to(torch.int64).contiguous(), seq_lens.to(torch.int64).contiguous(),
+             torch.ones(bsz, dtype=torch.int64), torch.arange(bsz, dtype=torch.int64)]
+    _DECODE_META = (weakref.ref(req_pool_indices), weakref.ref(seq_lens), key, longs)
+    return longs
+
+
+def _store_kv(k_buffer, v_buffer, k, v, cache_loc) -> None:
+    """This step's K/V rows into the cache at ``cache_loc``: one native copy when they are in
+    the cache's dtype with unit inner stride (row views of the fused QKV output qualify), else
+    two index writes."""
+    rows = cache_loc.shape[0]
+    kr, vr = k_buffer[0].numel(), v_buffer[0].numel()
+    if (_native is not None and k.dtype == k_buffer.dtype and v.dtype == v_buffer.dtype
+            and k.dim() == 2 and v.dim() == 2 and k.shape == (rows, kr) and v.shape == (rows, vr)
+            and k.stride(1) == 1 and v.stride(1) == 1 and k_buffer.is_contiguous()
+            and v_buffer.is_contiguous()):
+        loc = cache_loc.to(torch.int64).contiguous()
+        size = k.element_size()
+        _native.store_kv(k_buffer.data_ptr(), v_buffer.data_ptr(), k.data_ptr(), v.data_ptr(),
+                         k.stride(0) * size, v.stride(0) * size, loc.data_ptr(), rows,
+                         kr * size, vr * size, k_buffer.shape[0])
+        return
+    loc = cache_loc.long()
+    k_buffer[loc] = k.view(k.shape[0], k_buffer.shape[1], -1).to(k_buffer.dtype)
+    v_buffer[loc] = v.view(v.shape[0], v_buffer.shape[1], -1).to(v_buffer.dtype)
+
+
 def _decode_mask(kv_real):
     """[B, 1, Lk] from the real keys, None when every request has the same length."""
     return None if bool(kv_real.all()) else kv_real.unsqueeze(1)
@@ -368,19 +418,21 @@ def decode_attention_cpu(
     q [B, H, D], o [B, H, Dv], k/v [B, Hkv * D*] (or None: already in the cache).
     """
     _check_features("decode_attention_cpu", is_cross, sliding_window, sinks, k_buffer)
+    native = _native_fits(q, k_buffer, v_buffer, req_to_token)
     if k is not None and v is not None:
-        loc = cache_loc.long()
-        k_buffer[loc] = k.view(k.shape[0], k_buffer.shape[1], -1).to(k_buffer.dtype)
-        v_buffer[loc] = v.view(v.shape[0], v_buffer.shape[1], -1).to(v_buffer.dtype)
-    seq_l = seq_lens.tolist()
-    bsz = len(seq_l)
+        _store_kv(k_buffer, v_buffer, k, v, cache_loc)
+    bsz = seq_lens.shape[0]
     if bsz == 0:
         return
-    ones = torch.ones(bsz, dtype=torch.long)
-    if _native_fits(q, k_buffer, v_buffer, req_to_token):
-        _native_attend(q, o, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, ones,
-                       torch.arange(bsz), sm_scale, logit_cap, True)
+    if native:
+        if q.shape[0] < bsz or req_pool_indices.shape[0] != bsz:
+            raise ValueError(f"decode of {bsz} requests got {q.shape[0]} query rows and "
+                             f"{req_pool_indices.shape[0]} pool rows")
+        _native_call(q, o, k_buffer, v_buffer, req_to_token,
+                     _decode_meta(req_pool_indices, seq_lens), sm_scale, logit_cap, True)
         return
+    seq_l = seq_lens.tolist()
+    ones = torch.ones(bsz, dtype=torch.long)
     reqs = _Requests(req_pool_indices, seq_lens, ones, torch.arange(bsz), None, max(seq_l), 1,
                      packed=True)
     bytes_per_score = 4 * 3 * q.shape[1]

@@ -401,3 +401,65 @@ def test_native_results_do_not_depend_on_the_thread_count():
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(outs[0], outs[1])
+
+
+@needs_native
+@pytest.mark.parametrize("k_dtype, cache_dtype", [(torch.float32, torch.float32),
+                                                  (torch.bfloat16, torch.bfloat16),
+                                                  (torch.float32, torch.bfloat16)])
+def test_decode_stores_row_views_of_a_fused_projection(k_dtype, cache_dtype):
+    """K/V given as row views of one [B, q + k + v] tensor (as the model's fused QKV output
+    is split) land in the cache rows named by cache_loc, in the cache's dtype; the native copy
+    takes them as they are, a dtype change goes through the index write."""
+    gen = torch.Generator().manual_seed(11)
+    seq, kv_heads, dim = [3, 7, 5], 2, 4
+    k_buffer, v_buffer, req_to_token, rows = _paged_cache(gen, seq, kv_heads, dim, dim, cache_dtype)
+    fused = torch.randn(3, 8 * dim + 2 * kv_heads * dim, generator=gen).to(k_dtype)
+    q = fused[:, : 8 * dim].reshape(3, 8, dim)
+    k, v = fused[:, 8 * dim : 8 * dim + kv_heads * dim], fused[:, 8 * dim + kv_heads * dim :]
+    assert k.stride(0) == fused.shape[1] and not k.is_contiguous()
+    last = torch.tensor([int(req_to_token[r, n - 1]) for r, n in zip(rows.tolist(), seq)])
+    outs = []
+    for op in (attention.decode_attention_cpu, decode_attention_ref):
+        kb, vb = k_buffer.clone(), v_buffer.clone()
+        o = torch.zeros(3, 8, dim, dtype=k_dtype)
+        op(q, kb, vb, 1.0, 1.0, o, k, v, last, None, req_to_token, rows, torch.tensor(seq),
+           0.5, 0.0, False, 0, None, None)
+        outs.append((o, kb, vb))
+    (o, kb, vb), (o_ref, kb_ref, vb_ref) = outs
+    assert torch.equal(kb, kb_ref) and torch.equal(vb, vb_ref)
+    assert torch.equal(kb[last], k.reshape(3, kv_heads, dim).to(cache_dtype))
+    torch.testing.assert_close(o.float(), o_ref.float(), **TOLERANCE[cache_dtype])
+
+
+@needs_native
+def test_decode_store_rejects_a_location_outside_the_pool():
+    k_buffer = torch.zeros(4, 1, 2)
+    args = list(_tiny_decode_args(k_buffer))
+    args[6], args[7], args[8] = torch.ones(1, 2), torch.ones(1, 2), torch.tensor([9])
+    with pytest.raises(ValueError, match="cache location 9"):
+        attention.decode_attention_cpu(*args)
+    assert not k_buffer.any()
+
+
+@needs_native
+@pytest.mark.parametrize("lens_dtype", [torch.int64, torch.int32])
+def test_decode_metadata_follows_in_place_updates_of_seq_lens(lens_dtype):
+    """The per-forward int64 arrays are reused only while the same tensors are unmodified: a
+    seq_lens grown in place (the next step of the same batch) is read again (int32 lengths
+    are copied to int64, so only the version check sees the change)."""
+    gen = torch.Generator().manual_seed(12)
+    seq = [4, 6]
+    k_buffer, v_buffer, req_to_token, rows = _paged_cache(gen, [n + 1 for n in seq], 1, 4, 4,
+                                                          torch.float32)
+    q = torch.randn(2, 2, 4, generator=gen)
+    lens = torch.tensor(seq, dtype=lens_dtype)
+    for step in range(2):
+        outs = []
+        for op in (attention.decode_attention_cpu, decode_attention_ref):
+            o = torch.zeros(2, 2, 4)
+            op(q, k_buffer, v_buffer, 1.0, 1.0, o, None, None, torch.tensor([0, 0]), None,
+               req_to_token, rows, lens, 0.5, 0.0, False, 0, None, None)
+            outs.append(o)
+        torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
+        lens += 1  # same tensor object, one more key each

@@ -379,9 +379,32 @@ void attend(uintptr_t q, uintptr_t o, uintptr_t k_cache, uintptr_t v_cache, uint
     rhyme_parts::run_in_parts(parts, [&](int64_t part) { run(bounds[part], bounds[part + 1]); });
 }
 
+// Writes this step's K and V rows into the cache: row i of k_src / v_src (rows src_stride
+// bytes apart, so a row view of a fused projection needs no copy) goes to pool row loc[i] of
+// k_cache / v_cache (k_row / v_row bytes a row, the cache's dtype). One call for both, in
+// place of two index_put ops a layer.
+void store_kv(uintptr_t k_cache, uintptr_t v_cache, uintptr_t k_src, uintptr_t v_src,
+              int64_t k_src_stride, int64_t v_src_stride, uintptr_t loc, int64_t rows,
+              int64_t k_row, int64_t v_row, int64_t capacity) {
+    const auto* at = reinterpret_cast<const int64_t*>(loc);
+    for (int64_t i = 0; i < rows; ++i)
+        if (at[i] < 0 || at[i] >= capacity)
+            throw std::invalid_argument("cache location " + std::to_string(at[i]) +
+                                        " is outside the pool's " + std::to_string(capacity) + " rows");
+    auto* kc = reinterpret_cast<char*>(k_cache);
+    auto* vc = reinterpret_cast<char*>(v_cache);
+    const auto* ks = reinterpret_cast<const char*>(k_src);
+    const auto* vs = reinterpret_cast<const char*>(v_src);
+    for (int64_t i = 0; i < rows; ++i) {
+        std::memcpy(kc + at[i] * k_row, ks + i * k_src_stride, static_cast<size_t>(k_row));
+        std::memcpy(vc + at[i] * v_row, vs + i * v_src_stride, static_cast<size_t>(v_row));
+    }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_rhyme_attention, m) {
     m.doc() = "Paged CPU attention over sglang's KV pool (see paged_attention.cpp)";
     m.def("attend", &attend);
+    m.def("store_kv", &store_kv);
 }
