@@ -184,6 +184,7 @@ class Decoder:
         import torch
 
         self.torch, self.s, self.context = torch, shape, context
+        self.attention_form = "stacked"  # or "gqa": see forward
         g = torch.Generator(device="cpu").manual_seed(seed)
         h, hd = shape["hidden"], shape["head_dim"]
         q, kv = shape["heads"] * hd, shape["kv_heads"] * hd
@@ -230,10 +231,18 @@ class Decoder:
         hd, H, Hkv = s["head_dim"], s["heads"], s["kv_heads"]
         G = H // Hkv
         cos, sin = self.cos[ctx:ctx + S], self.sin[ctx:ctx + S]  # [S, D/2]
-        # query i (new token ctx + i) sees cache slots 0 .. ctx + i; the G query heads of one
-        # KV head are stacked along the sequence: q [B, Hkv, G*S, D] against k [B, Hkv, L, D]
+        # query i (new token ctx + i) sees cache slots 0 .. ctx + i. "stacked": the G query heads
+        # of one KV head are stacked along the sequence, q [B, Hkv, G*S, D] against k [B, Hkv, L, D],
+        # with an explicit mask when S > 1 (no flash kernel takes it); "gqa": q [B, H, S, D] with
+        # SDPA's own GQA and, when S > 1, a bottom-right causal bias, which flash kernels take
+        # without a mask
         mask = None
-        if S > 1:
+        gqa = self.attention_form == "gqa"
+        if gqa and S > 1:
+            from torch.nn.attention.bias import causal_lower_right
+
+            mask = causal_lower_right(S, ctx + S)
+        elif S > 1:
             keys = torch.arange(ctx + S, device=ids.device)
             mask = (keys[None, :] <= ctx + torch.arange(S, device=ids.device)[:, None]).repeat(G, 1)
         x = F.embedding(ids, self.embed)  # [B, S, h]
@@ -244,9 +253,12 @@ class Decoder:
             k = self._rope(k.view(B, S, Hkv, hd).transpose(1, 2), cos, sin)
             L["k"][:B, :, ctx:ctx + S] = k
             L["v"][:B, :, ctx:ctx + S] = v.view(B, S, Hkv, hd).transpose(1, 2)
-            q = q.reshape(B, Hkv, G * S, hd)
-            o = F.scaled_dot_product_attention(q, L["k"][:B, :, :ctx + S], L["v"][:B, :, :ctx + S],
-                                               attn_mask=mask)
+            keys, values = L["k"][:B, :, :ctx + S], L["v"][:B, :, :ctx + S]
+            if gqa:
+                o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+            else:
+                o = F.scaled_dot_product_attention(q.reshape(B, Hkv, G * S, hd), keys, values,
+                                                   attn_mask=mask)
             o = o.reshape(B, H, S, hd).transpose(1, 2).reshape(B, S, H * hd)
             x = x + F.linear(o, L["o"])
             gate, up = F.linear(self._rms(x, L["ln2"]), L["gate_up"]).chunk(2, dim=-1)
@@ -300,6 +312,29 @@ def _time_point(dec: Decoder, batch: int, width: int, device: str, iters: int,
     return statistics.median(times), graphed
 
 
+def _time_forms(dec: Decoder, batch: int, width: int, device: str, iters: int,
+                use_graph: bool) -> dict:
+    """A point's record: the step is timed with both attention forms (see ``Decoder.forward``)
+    and keeps the faster, as an engine picks its fastest kernel."""
+    import torch
+
+    timed = {}
+    for form in ("stacked", "gqa"):
+        dec.attention_form = form
+        try:
+            timed[form] = _time_point(dec, batch, width, device, iters, use_graph)
+        except torch.OutOfMemoryError:
+            raise
+        except (RuntimeError, TypeError) as exc:  # a torch without this SDPA form
+            if form == "stacked":
+                raise
+            logger.warning("gqa attention failed at batch %d width %d (%s)", batch, width, exc)
+    dec.attention_form = "stacked"
+    best = min(timed, key=lambda form: timed[form][0])
+    return {"seconds": timed[best][0], "status": "ok", "cuda_graph": timed[best][1],
+            "attention": best, "seconds_by_attention": {f: t[0] for f, t in timed.items()}}
+
+
 def measure(shape: dict, device: str, contexts=CONTEXTS, batches=BATCHES, widths=WIDTHS,
             max_tokens: int = MAX_TOKENS, budget_s: float = 420.0, iters: int = 5,
             cuda_graph: bool = True, memory_reserve: float = 0.12, seed: int = 0) -> dict:
@@ -339,9 +374,8 @@ def measure(shape: dict, device: str, contexts=CONTEXTS, batches=BATCHES, widths
                 rec["status"] = "skipped: time budget"
             else:
                 try:
-                    sec, graphed = _time_point(dec, p["batch_size"], p["width"], device, iters,
-                                               cuda_graph)
-                    rec.update(seconds=sec, status="ok", cuda_graph=graphed)
+                    rec.update(_time_forms(dec, p["batch_size"], p["width"], device, iters,
+                                           cuda_graph))
                 except torch.OutOfMemoryError:
                     rec["status"] = "skipped: out of memory"
                     torch.cuda.empty_cache()
@@ -361,6 +395,9 @@ def measure(shape: dict, device: str, contexts=CONTEXTS, batches=BATCHES, widths
             + (", each point captured in a CUDA graph where possible" if cuda_graph else ""),
             "every request of a step has the same context length; a verify step feeds "
             "width + 1 tokens per request (chain mask); LM head over every new token",
+            "each step is timed with two SDPA forms (GQA heads stacked along the query axis, "
+            "with an explicit mask in a verify; SDPA's enable_gqa, with a bottom-right causal "
+            "bias in a verify) and keeps the faster",
             f"time budget {budget_s:.0f} s; skipped points are listed with the reason",
         ],
         "torch": torch.__version__, "wall_s": time.perf_counter() - t_start, "points": out,

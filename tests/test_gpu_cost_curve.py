@@ -71,3 +71,18 @@ def test_bad_arguments():
         g.model_shape("gpt-5")
     with pytest.raises(ValueError, match="unknown GPU"):
         g.roofline_table("a100", g.model_shape("tiny"))
+
+
+def test_both_attention_forms_give_the_same_logits():
+    shape = g.model_shape("tiny")
+    dec = g.Decoder(shape, "cpu", torch.float32, max_batch=2, context=8, max_new=4, seed=2)
+    ids = torch.randint(0, shape["vocab"], (2, 4))
+    stacked, plain = dec.forward(ids), dec.forward(ids[:, :1])
+    dec.attention_form = "gqa"
+    torch.testing.assert_close(dec.forward(ids), stacked, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(dec.forward(ids[:, :1]), plain, rtol=1e-4, atol=1e-5)
+    for width in (0, 3):
+        record = g._time_forms(dec, 2, width, "cpu", 1, False)
+        assert set(record["seconds_by_attention"]) == {"stacked", "gqa"}
+        assert record["seconds"] == min(record["seconds_by_attention"].values())
+        assert dec.attention_form == "stacked"
