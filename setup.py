@@ -8,6 +8,9 @@ CPU attention to its batched PyTorch ops, the CPU linears to oneDNN / ``F.linear
 and rotary to sglang's own PyTorch ops.
 """
 
+import glob
+import os
+
 from setuptools import setup
 
 try:
@@ -18,7 +21,9 @@ else:
     def _native(name: str, source: str, contract: str = "off") -> Pybind11Extension:
         # no fast-math. FMA contraction off for the attention kernel (its bit-identity across
         # ISA builds relies on it); on for the GEMM, whose AVX2 and AVX-512 builds both fuse
+        # (depends: a changed shared header rebuilds the module that includes it)
         return Pybind11Extension(name, [source], cxx_std=17, optional=True,
+                                 depends=sorted(glob.glob(os.path.join(os.path.dirname(source), "*.h"))),
                                  extra_compile_args=["-O3", f"-ffp-contract={contract}"])
 
     ext_modules = [

@@ -107,6 +107,38 @@ def test_native_row_does_not_depend_on_other_rows(monkeypatch, threads):
         assert torch.equal(linear.linear(layer, batch[i:i + 1], weight, bias)[0], together[i])
 
 
+def _gemm_in_parts(threads):
+    gen = torch.Generator().manual_seed(9)
+    weight, x = torch.randn(300, 64, generator=gen), torch.randn(5, 64, generator=gen)
+    panels = linear.native_pack(weight)
+    out = torch.empty(5, 300)
+    linear._native.gemm(x.data_ptr(), panels.data_ptr(), 0, out.data_ptr(), 5, 300, 64, threads)
+    return out
+
+
+def _forked_gemm(queue):
+    queue.put(_gemm_in_parts(3).tolist())
+
+
+@pytest.mark.skipif(not HAS_NATIVE, reason="the native GEMM module is not built")
+def test_thread_pool_repeats_and_survives_a_fork():
+    """The kernels' persistent worker pool: many calls at 1-4 threads give the same bits, and a
+    process forked after the pool started (its workers are not copied) makes its own."""
+    import multiprocessing
+
+    first = _gemm_in_parts(1)
+    for threads in (2, 3, 4, 2) * 25:
+        assert torch.equal(_gemm_in_parts(threads), first), threads
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_forked_gemm, args=(queue,))
+    child.start()
+    result = queue.get(timeout=60)
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    assert torch.equal(torch.tensor(result), first)
+
+
 def test_unpackable_dtype_falls_back(monkeypatch):
     monkeypatch.setenv(linear.MODE_ENV, "packed")
     weight, x = torch.randn(32, 16, dtype=torch.float64), torch.randn(8, 16, dtype=torch.float64)
