@@ -250,10 +250,10 @@ class Trainer:
             samples = [next(fresh) if n else s for s, n in zip(samples, needed)]
             rollout_diff = sum(abs(a - b) for s in samples if "rollout_logprobs" in s
                                for a, b in zip(s["logprobs"], s["rollout_logprobs"]))
-        minibatches = [samples[i::cfg.num_minibatches] for i in range(cfg.num_minibatches)]
-        minibatches = [m for m in minibatches if m]
-        kept = [needed[i::cfg.num_minibatches] for i in range(cfg.num_minibatches)]
-        kept = [[s for s, n in zip(m, k) if n] for m, k in zip(minibatches, kept)]
+        n = cfg.num_minibatches
+        parts = [(samples[i::n], needed[i::n]) for i in range(n) if samples[i::n]]
+        minibatches = [m for m, _ in parts]
+        kept = [[s for s, k in zip(m, ks) if k] for m, ks in parts]
         plan = [self._micro_batches(k) for k in kept]
         done, total = 0, sum(len(p) for p in plan)
         self._progress = (done, total)
