@@ -382,13 +382,13 @@ def _decode_meta(req_pool_indices, seq_lens):
     return longs
 
 
-def _store_kv(k_buffer, v_buffer, k, v, cache_loc) -> None:
-    """This step's K/V rows into the cache at ``cache_loc``: one native copy when they are in
-    the cache's dtype with unit inner stride (row views of the fused QKV output qualify), else
-    two index writes."""
+def _store_kv(k_buffer, v_buffer, k, v, cache_loc, native: bool) -> None:
+    """This step's K/V rows into the cache at ``cache_loc``: one native copy on the native path
+    when they are in the cache's dtype with unit inner stride (row views of the fused QKV
+    output qualify), else two index writes."""
     rows = cache_loc.shape[0]
     kr, vr = k_buffer[0].numel(), v_buffer[0].numel()
-    if (_native is not None and k.dtype == k_buffer.dtype and v.dtype == v_buffer.dtype
+    if (native and k.dtype == k_buffer.dtype and v.dtype == v_buffer.dtype
             and k.dim() == 2 and v.dim() == 2 and k.shape == (rows, kr) and v.shape == (rows, vr)
             and k.stride(1) == 1 and v.stride(1) == 1 and k_buffer.is_contiguous()
             and v_buffer.is_contiguous()):
@@ -420,7 +420,7 @@ def decode_attention_cpu(
     _check_features("decode_attention_cpu", is_cross, sliding_window, sinks, k_buffer)
     native = _native_fits(q, k_buffer, v_buffer, req_to_token)
     if k is not None and v is not None:
-        _store_kv(k_buffer, v_buffer, k, v, cache_loc)
+        _store_kv(k_buffer, v_buffer, k, v, cache_loc, native)
     bsz = seq_lens.shape[0]
     if bsz == 0:
         return

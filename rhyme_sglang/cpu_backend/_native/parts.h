@@ -2,8 +2,8 @@
 // the workers of a pool kept for the process, the last part on the calling thread; the first
 // error is rethrown. A model step makes ~150 such calls of 0.05-5 ms, so starting threads per
 // call (20-60 us each) would eat much of what a second core gives. Between calls the workers
-// spin for up to kSpinMicros, then sleep on a condition variable. Calls are serialised (one job at a time), and a process
-// forked from one that had workers starts a pool of its own.
+// spin for up to kSpinMicros, then sleep on a condition variable. Calls are serialised (one
+// job at a time), and a process forked from one that had workers starts a pool of its own.
 #pragma once
 
 #include <unistd.h>
