@@ -52,6 +52,9 @@ class Stepper:
         """(seconds of the step, tokens each running request emits, each >= 1)."""
         raise NotImplementedError
 
+    def queue(self, engine: int, waiting: List[SimRequest]) -> None:
+        """The engine's waiting queue, seen just before each of its steps (no-op by default)."""
+
     def finish(self, engine: int, request: SimRequest) -> None:
         pass
 
@@ -154,6 +157,7 @@ def simulate(assignment: Sequence[Sequence[SimRequest]], slots: int, stepper: St
             eng.clock += stepper.admit(e, new)
         if not eng.running:
             continue
+        stepper.queue(e, eng.waiting)
         seconds, emitted = stepper.step(e, eng.running)
         eng.clock += seconds
         eng.busy_s += seconds

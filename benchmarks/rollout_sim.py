@@ -17,7 +17,8 @@ step verifies the full width as SGLang pads it), ``suffix`` (ArcticInference suf
 needs scripts/build_arctic_suffix.sh), ``rhymerl`` (the RhymeRL recipe), ``rhyme`` (the
 DraftStore with the real cost model choosing plain or a width per step:
 ``SpecCostModel.choose_width`` on ``draft.expected_accepts``, drafts cut by
-``draft.truncate``) and ``rhyme_fixed`` (the DraftStore at full width every step). suffix and
+``draft.truncate``, with the engine's critical-path ``Horizon`` from each request's predicted
+length and the waiting queue unless ``--no-horizon``) and ``rhyme_fixed`` (the DraftStore at full width every step). suffix and
 rhymerl verify ragged drafts (each request its own draft; the step costs the table's cost at
 the batch's mean draft length, as vLLM-style ragged verification does). RHYME modes order queues LPT, the others FCFS
 (``--order`` overrides).
@@ -74,7 +75,7 @@ from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence
 
 from rhyme_sglang.core import LengthStats, read_trace
-from rhyme_sglang.core.cost_model import SpecCostModel, default_widths
+from rhyme_sglang.core.cost_model import Horizon, SpecCostModel, default_widths, remaining_tokens
 from rhyme_sglang.core.draft import Draft, accepted_length, expected_accepts, truncate
 from rhyme_sglang.core.trace import TraceRecord
 from rl_driver.balance import assign_groups
@@ -304,6 +305,7 @@ class SimConfig:
     length_scale: int = 1
     order: Optional[str] = None  # None = the mode's own
     prefill: bool = True
+    horizon: bool = True  # the cost model counts useful tokens (the critical path), as the engine does
 
     def __post_init__(self) -> None:
         if self.k < 1 or self.max_running < 1 or self.engines < 1 or self.length_scale < 1:
@@ -323,6 +325,11 @@ class TraceStepper(Stepper):
         self.tokens = self.verify_steps = self.plain_steps = self.accepted = self.request_steps = 0
         self.prefilled = 0
         self._caches: Dict[int, PrefixCache] = {}
+        self._queued = 0.0  # the stepping engine's waiting queue, predicted tokens
+
+    def queue(self, engine, waiting):
+        if self.cm is not None and self.cfg.horizon:
+            self._queued = sum(remaining_tokens(r.predicted, r.done) for r in waiting)
 
     def admit(self, engine, requests):
         if self.source is not None:
@@ -341,7 +348,7 @@ class TraceStepper(Stepper):
         return [self.source.propose(r.payload, r.payload.response_token_ids[:r.done], k)
                 for r in running]
 
-    def _width(self, batch: int, drafts: List[Draft]):
+    def _width(self, batch: int, drafts: List[Draft], running=()):
         kind = self.mode.width
         if kind == "plain" or not any(drafts):
             return 0, drafts, []
@@ -350,13 +357,19 @@ class TraceStepper(Stepper):
         if kind == "ragged":  # each request verifies its own draft: mean draft length per request
             return sum(len(d) for d in drafts) / batch, drafts, []
         per_request = [expected_accepts(d, self.cm.widths) for d in drafts]
-        w = self.cm.choose_width(batch, self.cm.batch_expected(per_request), calibrated=True)
+        horizon = critical = None
+        if self.cfg.horizon:  # as the engine: the prompt's predicted length, the queue's
+            horizon = Horizon(tuple(remaining_tokens(r.predicted, r.done) for r in running),
+                              self._queued)
+            critical = self.cm.critical_expected(per_request, horizon)
+        w = self.cm.choose_width(batch, self.cm.batch_expected(per_request), calibrated=True,
+                                 horizon=horizon, critical=critical)
         return w, ([truncate(d, w) for d in drafts] if w else drafts), [e.get(w, 0.0) for e in per_request]
 
     def step(self, engine, running):
         cfg, b = self.cfg, len(running)
         drafts = self._drafts(running) if self.source is not None else [Draft()] * b
-        width, drafts, predicted = self._width(b, drafts)
+        width, drafts, predicted = self._width(b, drafts, running)
         emitted, accepted = [], 0
         for i, (r, d) in enumerate(zip(running, drafts)):
             ref = r.payload.response_token_ids
@@ -549,6 +562,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--assign", choices=("lpt", "round_robin"), default="lpt")
     ap.add_argument("--order", choices=("lpt", "fcfs"), default=None, help="default: per mode")
     ap.add_argument("--no-migrate", action="store_true")
+    ap.add_argument("--no-horizon", action="store_true",
+                    help="RHYME's cost model scores batch throughput only, not the critical path")
     ap.add_argument("--copies", type=int, default=1, help="repeat every prompt group this often")
     ap.add_argument("--length-scale", type=int, default=1, help="each trace step stands for N steps")
     ap.add_argument("--max-epoch", type=int, default=None)
@@ -557,7 +572,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     cfg = SimConfig(k=args.k, max_running=args.max_running, engines=args.engines,
                     assign=args.assign, migrate=not args.no_migrate,
-                    length_scale=args.length_scale, order=args.order)
+                    length_scale=args.length_scale, order=args.order,
+                    horizon=not args.no_horizon)
     bench = None
     if args.validate:
         with open(args.validate) as fh:

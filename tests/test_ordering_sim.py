@@ -47,3 +47,24 @@ def test_bad_arguments():
         makespan(REQS, PRED, "fcfs", 0, lambda b: 1.0)
     with pytest.raises(ValueError, match="plain"):
         step_curve({"seconds_per_request_step": {}})
+
+
+def test_a_stepper_sees_its_engines_waiting_queue_before_each_step():
+    """The rollout simulator's cost model needs the waiting queue (its predicted tokens) for
+    the critical-path horizon, as the engine notes it after each scheduling pass."""
+    from benchmarks.ordering_sim import SimRequest, Stepper, simulate
+
+    class Recording(Stepper):
+        def __init__(self):
+            self.seen = []
+
+        def queue(self, engine, waiting):
+            self.seen.append((engine, [r.key for r in waiting]))
+
+        def step(self, engine, running):
+            return 1.0, [1] * len(running)
+
+    reqs = [SimRequest(f"r{i}", "g", 2) for i in range(3)]
+    stepper = Recording()
+    assert simulate([reqs], 1, stepper)["makespan_s"] == 6.0
+    assert stepper.seen == [(0, ["r1", "r2"])] * 2 + [(0, ["r2"])] * 2 + [(0, [])] * 2

@@ -65,3 +65,32 @@ def test_the_stream_hook_runs_before_sglangs_output_streamer():
     assert (HookType.BEFORE, plugin.stream_hook) in [
         (kind, hook) for kind, hook, *_ in HookRegistry._hooks[target]]
     assert callable(pkgutil.resolve_name(target))
+
+
+def test_the_cost_models_horizon_comes_from_the_store_and_the_waiting_queue():
+    """Each running request's predicted remainder (its prompt's predicted length less what it
+    generated) and the waiting queue's predicted tokens, noted by the prefill hook after each
+    scheduling pass, reach the cost model."""
+    from rhyme_sglang.sglang_ext import plugin
+    from rhyme_sglang.sglang_ext.config import RhymeConfig
+    from rhyme_sglang.sglang_ext.worker import ACTIVE_WORKERS
+
+    worker = _worker()
+    worker.config, worker._queued = RhymeConfig(group_prefill=False), 0.0
+    for sample, n in enumerate((40, 60)):  # prompt "p": predicted 50 tokens
+        worker.store.add_response("p", [5, 6, 7], [1] * n, 0, sample=sample)
+    running = [_req("r0", [9] * 10, 10), _req("r1", [9] * 45, 45)]
+    waiting = [_req("w2", [], 0), _req("w3", [], 0)]
+    scheduler = SimpleNamespace(waiting_queue=waiting)
+    ACTIVE_WORKERS[:] = [worker]
+    try:
+        assert plugin.prefill_hook(lambda *a, **k: "batch", scheduler, None) == "batch"
+    finally:
+        ACTIVE_WORKERS[:] = []
+    assert worker._queued == 100.0  # two waiting requests of the 50-token prompt
+    horizon = worker._horizon(SimpleNamespace(reqs=running))
+    assert horizon.remaining == (40.0, 22.5) and horizon.queued == 100.0  # 45 > 2/3 x 50
+    assert horizon.critical() == (0,)
+    worker.config = RhymeConfig(horizon=False)
+    worker.note_waiting([])
+    assert worker._queued == 100.0  # off: not kept

@@ -27,6 +27,24 @@ cell and its verify cells; each cell also keeps (as an EMA) the tokens its steps
 so a cell stands for the ragged steps it measured. Its cell is the smallest width that holds
 the step's largest request.
 
+The rollout's critical path (a :class:`Horizon`, optional): a synchronous RL step waits for its
+last response, so a step's tokens shorten the rollout only up to what its longest request
+allows. With ``work`` predicted tokens left in the engine (running remainders plus the waiting
+queue) and ``longest`` the longest running remainder, the engine needs at least ``longest / (1
++ c)`` more steps, where ``c`` is what the longest requests accept per step; to finish
+``work`` tokens in that many steps it needs only ``(1 + c) * work / longest`` tokens a step, so
+a step's useful tokens are::
+
+    useful(w) = min(bs + expected[w], (1 + critical[w]) * work / longest)
+
+with ``critical[w]`` the mean expected accepted drafts of the requests within
+``CRITICAL_SHARE`` of the longest remainder. A verify that speeds up short requests but not
+the long ones then no longer counts as a gain: measured on a trace-driven replay (stop 35,
+arith dev trace on the measured H200 Qwen2-7B table, 2 engines x 256 slots), plain throughput
+scoring verified at full batches, those steps cost 1.5-3x a plain step while the long
+responses accepted little, so the long responses fell ~30 steps behind and the rollout took
+4% longer than vanilla although the verifies emitted more tokens per second.
+
 The table must not be poisoned by one bad step, because a cell that looks slow is never
 chosen again and so never corrected: on a 2-core CPU a batch-32 plain-decode cell read 1.54 s
 where vanilla's steps took 0.49 s, and RHYME then verified every step of that bucket at x0.63
@@ -55,6 +73,8 @@ from dataclasses import dataclass, field
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 PLAIN = 0  # the width of a plain decode step
+# requests whose predicted remainder is at least this share of the longest are the critical path
+CRITICAL_SHARE = 0.8
 # levels of one request's predicted accepted drafts, each calibrated on its own
 CALIBRATION_EDGES = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 
@@ -101,6 +121,52 @@ def default_widths(max_width: int) -> Tuple[int, ...]:
         raise ValueError(f"max_width must be >= 1, got {max_width}")
     return tuple(sorted({1 << k for k in range(max_width.bit_length()) if 1 << k < max_width}
                         | {max_width}))
+
+
+def remaining_tokens(predicted_length: float, done: int) -> float:
+    """A running request's predicted tokens to go: its prompt's predicted length less what it
+    generated, and once past two thirds of that, half of what it generated (a response that
+    outruns its prompt's mean is in the long tail, where what is left grows with what is
+    done), at least 1."""
+    if predicted_length < 0 or done < 0:
+        raise ValueError(f"predicted_length and done must be >= 0, got {predicted_length}, {done}")
+    return max(predicted_length - done, 0.5 * done, 1.0)
+
+
+@dataclass(frozen=True)
+class Horizon:
+    """What is left of the engine's work when a decode step is chosen: each running request's
+    predicted remaining tokens (batch order, :func:`remaining_tokens`) and the waiting queue's
+    predicted tokens. See the module docstring for how it caps a step's useful tokens."""
+
+    remaining: Tuple[float, ...]
+    queued: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.remaining or min(self.remaining) <= 0:
+            raise ValueError(f"remaining must be non-empty and > 0, got {self.remaining!r}")
+        if self.queued < 0:
+            raise ValueError(f"queued must be >= 0, got {self.queued}")
+        object.__setattr__(self, "remaining", tuple(float(r) for r in self.remaining))
+
+    @property
+    def longest(self) -> float:
+        return max(self.remaining)
+
+    @property
+    def work(self) -> float:
+        return sum(self.remaining) + self.queued
+
+    def critical(self) -> Tuple[int, ...]:
+        """Indices of the requests on the critical path (within ``CRITICAL_SHARE`` of the
+        longest remainder: predictions are per prompt, so near-longest ones count alike)."""
+        edge = CRITICAL_SHARE * self.longest
+        return tuple(i for i, r in enumerate(self.remaining) if r >= edge)
+
+    def useful(self, tokens: float, critical_gain: float) -> float:
+        """Of a step's ``tokens`` (batch size + accepted drafts), those that shorten the
+        rollout when the critical requests accept ``critical_gain`` drafts each."""
+        return min(tokens, (1.0 + critical_gain) * self.work / self.longest)
 
 
 @dataclass
@@ -212,6 +278,18 @@ class SpecCostModel:
                     out[w] += self.calibrated(predicted)
         return out
 
+    def critical_expected(self, per_request, horizon: Horizon) -> Dict[int, float]:
+        """``{width: calibrated expected accepted drafts}``, the mean over ``horizon``'s
+        critical requests (``per_request`` as for :meth:`batch_expected`, a sequence in batch
+        order); pass it to :meth:`choose_width` as ``critical``."""
+        critical = horizon.critical()
+        out = {w: 0.0 for w in self.widths}
+        for i in critical:
+            for w, predicted in per_request[i].items():
+                if w in out:
+                    out[w] += self.calibrated(predicted) / len(critical)
+        return out
+
     def seed(self, table: Mapping[Tuple[int, int], float],
              rows: Optional[Mapping[Tuple[int, int], float]] = None) -> int:
         """Prior step costs ``{(batch_size, width): seconds per whole step}``, as if measured
@@ -315,25 +393,36 @@ class SpecCostModel:
         return s_last * tokens / t_last
 
     # ------------------------------------------------------------------ decision
-    def rates(self, batch_size: int, expected: Mapping[int, float],
-              calibrated: bool = False) -> Dict[int, Optional[float]]:
-        """Expected tokens per second of each candidate width (None: nothing to estimate from)."""
+    def rates(self, batch_size: int, expected: Mapping[int, float], calibrated: bool = False,
+              horizon: Optional[Horizon] = None,
+              critical: Optional[Mapping[int, float]] = None) -> Dict[int, Optional[float]]:
+        """Expected (useful, with a ``horizon``) tokens per second of each candidate width
+        (None: nothing to estimate from)."""
         out = {}
         scale = 1.0 if calibrated else self.calibration
         for w in self.candidates:
             seconds = self.estimate(batch_size, w)
             gain = 0.0 if w == PLAIN else scale * float(expected.get(w, 0.0))
-            out[w] = None if not seconds else (batch_size + gain) / seconds
+            tokens = batch_size + gain
+            if horizon is not None:
+                crit = 0.0 if w == PLAIN else scale * float((critical or {}).get(w, 0.0))
+                tokens = horizon.useful(tokens, crit)
+            out[w] = None if not seconds else tokens / seconds
         return out
 
     def choose_width(self, batch_size: int, expected: Mapping[int, float],
-                     calibrated: bool = False) -> int:
+                     calibrated: bool = False, horizon: Optional[Horizon] = None,
+                     critical: Optional[Mapping[int, float]] = None) -> int:
         """The width for one decode step: 0 (plain) or a verify width.
 
         ``expected[w]``: the batch's summed expected accepted draft tokens when each request
         verifies its ``w`` most probable draft nodes (missing widths count as 0): the store's
         predictions (scaled here by the overall calibration), or already calibrated per
-        request (:meth:`batch_expected`) with ``calibrated=True``."""
+        request (:meth:`batch_expected`) with ``calibrated=True``. With a ``horizon``, rates
+        count useful tokens only (module docstring); ``critical[w]``: the critical requests'
+        mean expected accepted drafts (:meth:`critical_expected`; missing = none accepted)."""
+        if horizon is not None and len(horizon.remaining) != batch_size:
+            raise ValueError(f"horizon has {len(horizon.remaining)} requests, batch has {batch_size}")
         self._decisions += 1
         useful = [w for w in self.widths if expected.get(w, 0.0) > 0.0]
         if not useful:
@@ -341,7 +430,7 @@ class SpecCostModel:
         bucket = bucket_of(batch_size)
         if (bucket, PLAIN) not in self._seen:
             return PLAIN  # measure the baseline first (a seeded one too)
-        rates = self.rates(batch_size, expected, calibrated)
+        rates = self.rates(batch_size, expected, calibrated, horizon, critical)
         plain_rate = rates[PLAIN]
         known = {w: rates[w] for w in useful if self.step_time(batch_size, w) is not None}
         best_known = max([plain_rate] + list(known.values()))
@@ -387,7 +476,8 @@ class SpecCostModel:
             return max(y1, 1e-9)
         return max(y0 + (y1 - y0) * (extra - x0) / (x1 - x0), points[0][1], 1e-9)
 
-    def choose_rows(self, batch_size: int, gains: Sequence[Sequence[float]]):
+    def choose_rows(self, batch_size: int, gains: Sequence[Sequence[float]],
+                    horizon: Optional[Horizon] = None):
         """Per-request verify widths for one decode step (a ragged verify): ``(width,
         counts)``, where ``counts[i]`` draft nodes of request ``i`` are verified (0: only its
         last token, as in a plain step) and ``width``, the step's cell, is the smallest of
@@ -398,19 +488,30 @@ class SpecCostModel:
         cap the step takes the nodes with the largest gains across the batch, as many as
         maximise ``(batch_size + their summed gain) / step_time_rows(batch_size, taken)``:
         a request with worthless drafts adds no rows, one with confident drafts adds many.
-        The rules of :meth:`choose_width` hold per cell: plain is measured first, a cell never
-        measured at this bucket is tried once when its estimate is within ``explore_within``
-        of the best known rate, and every ``reexplore_every`` decisions the stalest other
-        cell is run (the plain step, or the best allocation of that cell)."""
+        With a ``horizon`` the numerator is the step's useful tokens (module docstring), and
+        the nodes are also tried critical requests first, so a step may verify only the long
+        requests' drafts. The rules of :meth:`choose_width` hold per cell: plain is measured
+        first, a cell never measured at this bucket is tried once when its estimate is within
+        ``explore_within`` of the best known rate, and every ``reexplore_every`` decisions the
+        stalest other cell is run (the plain step, or the best allocation of that cell)."""
         self._decisions += 1
         bs = batch_size
         if len(gains) != bs:
             raise ValueError(f"need one gain list per request ({bs}), got {len(gains)}")
+        if horizon is not None and len(horizon.remaining) != bs:
+            raise ValueError(f"horizon has {len(horizon.remaining)} requests, batch has {bs}")
         plain = (PLAIN, [0] * bs)
         bucket = bucket_of(bs)
         if (bucket, PLAIN) not in self._seen or not any(len(g) and g[0] > 0 for g in gains):
             return plain
-        plain_rate = bs / self.estimate(bs, PLAIN)
+        critical = set() if horizon is None else set(horizon.critical())
+
+        def useful(tokens: float, critical_gain: float) -> float:
+            if horizon is None:
+                return tokens
+            return horizon.useful(tokens, critical_gain / len(critical))
+
+        plain_rate = useful(bs, 0.0) / self.estimate(bs, PLAIN)
         # every node (gain, request, its rank in the request), by gain; ties: earlier rank
         nodes = sorted(((float(g), i, j) for i, row in enumerate(gains)
                         for j, g in enumerate(row[: self.widths[-1]]) if g > 0),
@@ -419,21 +520,30 @@ class SpecCostModel:
         times = [self.step_time_rows(bs, k, points) for k in range(len(nodes) + 1)]
         if any(t is None for t in times):
             return plain
+        orders = [nodes]
+        if critical and horizon is not None:  # the long requests' nodes first
+            orders.append([x for x in nodes if x[1] in critical]
+                          + [x for x in nodes if x[1] not in critical])
         best: Dict[int, tuple] = {}  # cell width -> (rate, counts)
-        for cap in self.widths:
-            under = [x for x in nodes if x[2] < cap]
-            gain, top_rate, top_k = 0.0, 0.0, 0
-            for k, (g, _i, _j) in enumerate(under, start=1):
-                gain += g
-                if (bs + gain) / times[k] > top_rate:
-                    top_rate, top_k = (bs + gain) / times[k], k
-            if top_k:
-                counts = [0] * bs
-                for _g, i, _j in under[:top_k]:
-                    counts[i] += 1
-                width = next(w for w in self.widths if w >= max(counts))
-                if width not in best or top_rate > best[width][0]:
-                    best[width] = (top_rate, counts)
+        for order in orders:
+            for cap in self.widths:
+                under = [x for x in order if x[2] < cap]
+                gain = crit = top_rate = 0.0
+                top_k = 0
+                for k, (g, i, _j) in enumerate(under, start=1):
+                    gain += g
+                    if i in critical:
+                        crit += g
+                    rate = useful(bs + gain, crit) / times[k]
+                    if rate > top_rate:
+                        top_rate, top_k = rate, k
+                if top_k:
+                    counts = [0] * bs
+                    for _g, i, _j in under[:top_k]:
+                        counts[i] += 1
+                    width = next(w for w in self.widths if w >= max(counts))
+                    if width not in best or top_rate > best[width][0]:
+                        best[width] = (top_rate, counts)
         if not best:
             return plain
         known = {w: r for w, (r, _) in best.items() if self.step_time(bs, w) is not None}

@@ -48,6 +48,10 @@ class RhymeConfig:
       (CPU, synchronous scheduler): the cost model takes the batch's most probable nodes
       wherever they are (:meth:`SpecCostModel.choose_rows`), and the forward runs only the
       nodes taken (no padding rows). Off = every request verifies the step's width.
+    * ``horizon``: the cost model counts a step's tokens only as far as they shorten the
+      rollout's critical path (the longest predicted remainder, the waiting queue's
+      predicted tokens; :class:`rhyme_sglang.core.cost_model.Horizon`); off = batch
+      tokens per second.
     * ``cycle_widths``: diagnostic/test mode: decode steps walk through plain and every
       width in an order that makes every switch between two of them (lossless tests); with
       ``ragged``, every other step gives the requests different node counts, 0 included.
@@ -69,6 +73,7 @@ class RhymeConfig:
     ragged: bool = True
     group_prefill: bool = True
     cost_cache: bool = True
+    horizon: bool = True
 
     def __post_init__(self) -> None:
         if self.widths is not None:

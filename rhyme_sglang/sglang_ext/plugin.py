@@ -13,7 +13,8 @@ and three named hooks through sglang's ``HookRegistry``:
   distributed or IPC): the history epoch advances before the next draft;
 * ``ordering_hook`` after ``SchedulePolicy.calc_priority``: longest-predicted-first queue;
 * ``prefill_hook`` around ``Scheduler.get_new_batch_prefill``: siblings of a prompt not yet
-  in the prefix cache wait one pass (``group_prefill``).
+  in the prefix cache wait one pass (``group_prefill``); after the pass the worker notes the
+  waiting queue's predicted tokens (the cost model's ``horizon``).
 
 Each of these is a no-op unless a RhymeWorker runs in the process. ``spec_logprobs_hook``
 around ``compute_spec_logprobs`` trims unused accept slots on CPU (NGRAM and RHYME). Two more, around
@@ -79,6 +80,7 @@ def prefill_hook(original, *args, **kwargs):
     finally:
         if held:
             scheduler.waiting_queue[:0] = held
+        worker.note_waiting(scheduler.waiting_queue)
 
 
 def spec_logprobs_hook(original, batch, logits_output, predict, *, accept_index=None,

@@ -32,7 +32,9 @@ from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
 from rhyme_sglang.core import DraftStore, group_leaders, lpt_group_order, prompt_key
 from rhyme_sglang.core.breakdown import decode_kind
-from rhyme_sglang.core.cost_model import PLAIN, SpecCostModel, check_widths, default_widths
+from rhyme_sglang.core.cost_model import (
+    PLAIN, Horizon, SpecCostModel, check_widths, default_widths, remaining_tokens,
+)
 from rhyme_sglang.core.draft import best_first_order, expected_accepts, truncate
 from rhyme_sglang.sglang_ext import step_kinds, timeline
 from rhyme_sglang.sglang_ext.commands import ControlCommands
@@ -90,6 +92,7 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
                            and str(self.device).startswith("cpu"))
         self._tracked: dict[str, _Tracked] = {}
         self._weights_changed = False
+        self._queued = 0.0  # the waiting queue's predicted tokens at the last scheduling pass
         if self.config.snapshot_path:
             import os
 
@@ -147,10 +150,34 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
                 return width, None
             # every other step: request i verifies (i + step) % (width + 1) nodes (0 included)
             return width, [(i + self._cycle_step) % (width + 1) for i in range(len(drafts))]
+        horizon = self._horizon(batch) if self.config.horizon else None
         if self.ragged:
-            return self.cost.choose_rows(len(batch.reqs), [self._gains(d) for d in drafts])
-        expected = self.cost.batch_expected(expected_accepts(d, self.widths) for d in drafts)
-        return self.cost.choose_width(len(batch.reqs), expected, calibrated=True), None
+            return self.cost.choose_rows(len(batch.reqs), [self._gains(d) for d in drafts],
+                                         horizon)
+        per_request = [expected_accepts(d, self.widths) for d in drafts]
+        critical = None if horizon is None else self.cost.critical_expected(per_request, horizon)
+        expected = self.cost.batch_expected(per_request)
+        return self.cost.choose_width(len(batch.reqs), expected, calibrated=True,
+                                      horizon=horizon, critical=critical), None
+
+    def _horizon(self, batch) -> Horizon:
+        """The batch's predicted remainders and the waiting queue's predicted tokens (noted
+        after the last scheduling pass), for the cost model."""
+        with self.lock:
+            return Horizon(tuple(self._remaining(req) for req in batch.reqs), self._queued)
+
+    def note_waiting(self, queue) -> None:
+        """Keep the waiting queue's predicted tokens (after each scheduling pass)."""
+        if not (self.config.horizon and self.config.adaptive):
+            return
+        with self.lock:
+            self._queued = sum(self._remaining(req) for req in queue)
+
+    def _remaining(self, req) -> float:
+        """A request's predicted tokens to go (:func:`remaining_tokens` of its prompt's
+        predicted length and its output so far); the caller holds the lock."""
+        return remaining_tokens(self.store.predict_length(self._prompt_key_of(req)),
+                                len(req.output_ids))
 
     def _gains(self, draft) -> list:
         """Calibrated expected acceptance of each draft node, in best-first order."""

@@ -3,8 +3,8 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from rhyme_sglang.core.cost_model import (PLAIN, SpecCostModel, bucket_of, check_widths,
-                                          default_widths)
+from rhyme_sglang.core.cost_model import (PLAIN, Horizon, SpecCostModel, bucket_of,
+                                          check_widths, default_widths, remaining_tokens)
 from rhyme_sglang.core.draft import Draft, best_first_order, expected_accepts, truncate
 
 
@@ -300,3 +300,72 @@ def test_ragged_observation_checks_rows():
         m.observe_step(4, 2, 0.1, rows=13)  # more than 4 x 3
     with pytest.raises(ValueError, match="rows"):
         m.observe_step(4, 2, 0.1, rows=3)  # fewer than the batch
+
+
+# ----------------------------------------------------------------- the critical path (Horizon)
+def test_remaining_tokens_and_horizon_basics():
+    assert remaining_tokens(100, 10) == 90
+    assert remaining_tokens(100, 80) == 40  # past two thirds: half of what is done
+    assert remaining_tokens(100, 300) == 150  # an overrun is in the long tail
+    assert remaining_tokens(0, 0) == 1.0
+    with pytest.raises(ValueError, match="done"):
+        remaining_tokens(10, -1)
+    h = Horizon((100, 90, 10, 5), queued=15)
+    assert h.longest == 100 and h.work == 220
+    assert h.critical() == (0, 1)  # within 80% of the longest
+    assert h.useful(4, 0.0) == pytest.approx(2.2)  # the long ones set the pace: 220 / 100
+    assert h.useful(4, 1.0) == pytest.approx(4.0)  # capped by the batch's own tokens
+    for bad in ((), (1, 0)):
+        with pytest.raises(ValueError, match="remaining"):
+            Horizon(bad)
+    with pytest.raises(ValueError, match="queued"):
+        Horizon((1,), queued=-1)
+
+
+def _tail_model():
+    m = SpecCostModel(widths=(4,), reexplore_every=1000, alpha=1.0)
+    m.observe_step(4, PLAIN, 0.10)
+    m.observe_step(4, 4, 0.16)
+    return m
+
+
+def test_horizon_skips_verifies_that_only_speed_up_short_requests():
+    m = _tail_model()
+    tail = Horizon((100, 5, 5, 5))  # one long response holds the rollout
+    per_request = [{4: 0.0}, {4: 3.0}, {4: 3.0}, {4: 3.0}]  # the short ones draft well
+    expected = m.batch_expected(per_request)
+    assert m.choose_width(4, expected, calibrated=True) == 4  # 13 / 0.16 = 81 > 40 tok/s
+    critical = m.critical_expected(per_request, tail)
+    assert critical == {4: 0.0}
+    assert m.choose_width(4, expected, calibrated=True, horizon=tail, critical=critical) == PLAIN
+    # a long queue: the batch's throughput matters again
+    busy = Horizon((100, 5, 5, 5), queued=2000)
+    assert m.choose_width(4, expected, calibrated=True, horizon=busy,
+                          critical=m.critical_expected(per_request, busy)) == 4
+    with pytest.raises(ValueError, match="horizon"):
+        m.choose_width(3, expected, horizon=tail)
+
+
+def test_horizon_verifies_for_the_long_request_where_the_batch_mean_says_plain():
+    m = _tail_model()
+    tail = Horizon((100, 5, 5, 5))
+    per_request = [{4: 2.0}, {4: 0.0}, {4: 0.0}, {4: 0.0}]
+    expected = m.batch_expected(per_request)
+    assert m.choose_width(4, expected, calibrated=True) == PLAIN  # 6 / 0.16 = 37.5 < 40
+    # useful tokens: plain min(4, 1.15) / 0.10 = 11.5; verify min(6, 3 x 1.15) / 0.16 = 21.6
+    assert m.choose_width(4, expected, calibrated=True, horizon=tail,
+                          critical=m.critical_expected(per_request, tail)) == 4
+
+
+def test_ragged_horizon_takes_the_long_requests_nodes():
+    m = _ragged_model()
+    gains = [[0.6, 0.5, 0.4, 0.3]] + [[0.9, 0.85, 0.8, 0.7]] * 2 + [[]] * 5
+    _, counts = m.choose_rows(8, gains)
+    assert counts[1] == counts[2] == 4  # without a horizon the best nodes are the short ones'
+    tail = Horizon((200,) + (5,) * 7)
+    width, counts = m.choose_rows(8, gains, tail)
+    assert counts[0] >= 1 and counts[1:] == [0] * 7 and width >= max(counts)
+    # every request short but one with no drafts: nothing shortens the rollout, plain
+    assert m.choose_rows(8, [[]] + [[0.9] * 4] * 7, tail) == (PLAIN, [0] * 8)
+    with pytest.raises(ValueError, match="horizon"):
+        m.choose_rows(8, gains, Horizon((1, 2)))
