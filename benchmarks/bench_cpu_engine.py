@@ -3,7 +3,8 @@
 One run, side by side (same model, same dtype, greedy, same random prompts of ``--prompt-len``
 tokens, ``--max-new-tokens`` tokens each with ignore_eos):
 
-1. HF transformers ``generate`` at batch 1, 8, 32 (in this process, the engine's threads);
+1. HF transformers ``generate`` at batch 1, 8, 32 (in this process, on as many threads as
+   the engine computes with: its torch or its native kernels' threads, whichever is more);
 2. a vanilla ``python -m rhyme_sglang.launch_server``: tok/s at batch 1, 8, 32, and the plain
    decode step time at batch 1..32 (a full round minus a one-token round, per step);
 3. a RHYME server verifying ``--verify-width`` draft tokens per request (a forward of width + 1
@@ -11,7 +12,7 @@ tokens, ``--max-new-tokens`` tokens each with ignore_eos):
    history), every step a full verify of that width (no cost model, no per-request widths);
    verify/plain = the median verify step of the perfect round (``/rhyme/breakdown``'s step
    timeline) over the vanilla server's plain step at that batch;
-4. the roofline, measured here with the engine's threads: stream bandwidth (a large copy) and
+4. the roofline, measured here on the engine's cores: stream bandwidth (a large copy) and
    the time of the model's linear layers at each row count (GEMMs on the real shapes, weights
    hot in cache). A step's bound is max(weight bytes / bandwidth, GEMM time); attention and
    sampling are not in it (short contexts here).
@@ -264,6 +265,9 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="auto", help="auto (measured) | float32 | bfloat16")
     parser.add_argument("--threads", default="auto",
                         help="compute threads of the engine and HF (RHYME_CPU_THREADS); auto = default rule")
+    parser.add_argument("--kernel-threads", default="auto",
+                        help="native kernel threads of the engine (RHYME_KERNEL_THREADS); auto = "
+                             "default rule")
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--verify-width", type=int, default=8,
@@ -276,6 +280,8 @@ def main(argv=None) -> int:
         args.model, args.max_new_tokens, args.prompt_len = "tiny", 16, 16
     if args.threads != "auto":
         os.environ["RHYME_CPU_THREADS"] = str(int(args.threads))
+    if args.kernel_threads != "auto":
+        os.environ["RHYME_KERNEL_THREADS"] = str(int(args.kernel_threads))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -283,14 +289,19 @@ def main(argv=None) -> int:
     import torch
     from transformers import AutoConfig
 
-    from rhyme_sglang.machine import (choose_scheduler_threads, cpu_flags, resolve_dtype,
+    from rhyme_sglang.machine import (choose_kernel_threads, choose_scheduler_threads, cpu_flags,
+                                      kernel_threads_from_env, resolve_dtype, set_kernel_threads,
                                       threads_from_env, usable_cores)
     from rhyme_sglang.models import resolve_model_path
 
     torch.manual_seed(args.seed)
     dtype = resolve_dtype(args.dtype)
     threads = choose_scheduler_threads(threads_from_env(), usable_cores())
-    torch.set_num_threads(threads)
+    kernels = choose_kernel_threads(kernel_threads_from_env(), usable_cores())
+    # HF and the roofline get the cores the engine computes on (its torch threads or its
+    # native kernels' threads, whichever is more)
+    torch.set_num_threads(max(threads, kernels))
+    set_kernel_threads(kernels)
     model_path = resolve_model_path(args.model)
     vocab = AutoConfig.from_pretrained(model_path).vocab_size
     prompts = _prompts(vocab, max(PLAIN_BATCHES), args.prompt_len, args.seed)
@@ -307,6 +318,7 @@ def main(argv=None) -> int:
     ratio = rhyme["verify_over_plain"]
     report = {
         "dtype": dtype, "cpu_flags": cpu_flags(), "model": args.model, "threads": threads,
+        "kernel_threads": kernels, "hf_threads": max(threads, kernels),
         "max_new_tokens": args.max_new_tokens, "prompt_len": args.prompt_len, "verify_width": width,
         "hf_tok_s": hf, "engine_tok_s": vanilla["tok_s"], "verify_over_plain": ratio,
         "step_over_roofline": {
@@ -318,7 +330,8 @@ def main(argv=None) -> int:
         "cost_model_s": rhyme["cost_model_s"], "plain_source": rhyme["plain_source"],
         "roofline": roof,
     }
-    print(f"bench_cpu_engine {args.model} {dtype}, {threads} thread(s), CPU flags "
+    print(f"bench_cpu_engine {args.model} {dtype}, {threads} torch + {kernels} kernel "
+          f"thread(s) (HF {max(threads, kernels)}), CPU flags "
           f"{' '.join(report['cpu_flags']) or '-'}: " + "; ".join(
               f"batch {b}: engine {report['engine_tok_s'][b]:.0f} tok/s vs HF {hf[b]:.0f} "
               f"(x{report['engine_tok_s'][b] / hf[b]:.2f})" for b in hf)

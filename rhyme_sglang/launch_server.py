@@ -57,13 +57,14 @@ def _pop_flag(argv: list[str], flag: str) -> tuple[str | None, list[str]]:
     return value, rest
 
 
-def pop_cpu_threads(argv: list[str]) -> tuple[int | None, list[str]]:
-    """``--cpu-threads N`` (ours): the scheduler's compute threads; None when absent/auto."""
-    value, argv = _pop_flag(argv, "--cpu-threads")
+def pop_cpu_threads(argv: list[str], flag: str = "--cpu-threads") -> tuple[int | None, list[str]]:
+    """``--cpu-threads N`` (ours): the scheduler's torch compute threads (``--kernel-threads
+    N``: its native kernels' threads); None when absent/auto."""
+    value, argv = _pop_flag(argv, flag)
     if value in (None, "auto", "0"):
         return None, argv
     if not value.isdigit():
-        raise ValueError(f"--cpu-threads must be a positive int or 'auto', got {value!r}")
+        raise ValueError(f"{flag} must be a positive int or 'auto', got {value!r}")
     return int(value), argv
 
 
@@ -121,7 +122,8 @@ def main(argv: list[str] | None = None) -> None:
     check_sglang_version()
     cpu_only = on_cpu_only_machine()
     threads, argv = pop_cpu_threads(argv)
-    apply_cpu_defaults({"cpu_threads": threads})
+    kernels, argv = pop_cpu_threads(argv, "--kernel-threads")
+    apply_cpu_defaults({"cpu_threads": threads, "kernel_threads": kernels})
     from rhyme_sglang.sglang_ext import forkserver
 
     forkserver.warm_up()  # it imports sglang beside this process

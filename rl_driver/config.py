@@ -29,6 +29,7 @@ class EngineConfig:
     num_engines: int = 1
     dtype: str = "auto"  # auto = measured (rhyme_sglang.machine): bf16 only where native
     cpu_threads: int = 0  # scheduler compute threads per engine; 0 = the machine's rule
+    kernel_threads: int = 0  # native kernel threads per engine; 0 = cores / engines
     rhyme: bool = True
     speculative_num_draft_tokens: int = 17  # widths 1..16 per step (the cost model picks)
     rhyme_schedule_policy: str = "lpt"
@@ -49,6 +50,9 @@ class EngineConfig:
                self.dtype, "must be auto, bfloat16, float16 or float32")
         _check(isinstance(self.cpu_threads, int) and self.cpu_threads >= 0, "engine.cpu_threads",
                self.cpu_threads, "must be an int >= 0 (0 = the machine's rule)")
+        _check(isinstance(self.kernel_threads, int) and not isinstance(self.kernel_threads, bool)
+               and self.kernel_threads >= 0, "engine.kernel_threads", self.kernel_threads,
+               "must be an int >= 0 (0 = the machine's rule)")
         _check(isinstance(self.rhyme, bool), "engine.rhyme", self.rhyme, "must be true or false")
         _check(isinstance(self.speculative_num_draft_tokens, int)
                and 1 <= self.speculative_num_draft_tokens <= 64,
@@ -66,6 +70,7 @@ class EngineConfig:
         """Keyword arguments for ``rhyme_sglang.Engine``."""
         args: Dict[str, Any] = dict(
             model_path=model_path, dtype=self.dtype, cpu_threads=self.cpu_threads or None,
+            kernel_threads=self.kernel_threads or None,
             log_level="warning",
             max_total_tokens=self.max_total_tokens or None,
             mem_fraction_static=self.mem_fraction_static,
@@ -265,7 +270,7 @@ class RunConfig:
         ``engine_dtype(requested)``, default the measured :func:`rhyme_sglang.machine.resolve_dtype`),
         ``train.autocast_bf16: auto`` (true iff the engines run bf16 and this machine computes
         bf16 natively, so rollout and trainer logprobs come from the same number format),
-        ``engine.cpu_threads: 0`` and
+        ``engine.cpu_threads: 0``, ``engine.kernel_threads: 0`` and
         ``train.num_threads: 0`` (the thread rules on ``cores`` usable cores). Idempotent."""
         from rhyme_sglang import machine
 
@@ -277,16 +282,20 @@ class RunConfig:
             autocast = trainer_autocast(self.engine.dtype, pick)
         threads = machine.choose_scheduler_threads(self.engine.cpu_threads or None, cores,
                                                    self.engine.num_engines)
+        kernels = machine.choose_kernel_threads(self.engine.kernel_threads or None, cores,
+                                                self.engine.num_engines)
         return self.replace(
-            engine=dataclasses.replace(self.engine, dtype=dtype, cpu_threads=threads),
+            engine=dataclasses.replace(self.engine, dtype=dtype, cpu_threads=threads,
+                                       kernel_threads=kernels),
             train=dataclasses.replace(
                 self.train, autocast_bf16=autocast,
                 num_threads=machine.choose_trainer_threads(self.train.num_threads, cores)))
 
     def machine_summary(self) -> str:
         """One line on a resolved config: the dtype and threads a run uses."""
-        return (f"dtype {self.engine.dtype}, engine threads {self.engine.cpu_threads} x "
-                f"{self.engine.num_engines} engine(s), trainer threads {self.train.num_threads}, "
+        return (f"dtype {self.engine.dtype}, engine threads {self.engine.cpu_threads} torch + "
+                f"{self.engine.kernel_threads} kernel x {self.engine.num_engines} engine(s), "
+                f"trainer threads {self.train.num_threads}, "
                 f"trainer autocast bf16 {'on' if self.train.autocast_bf16 else 'off'}")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from rhyme_sglang import machine
 from rhyme_sglang.launch_server import pop_cpu_threads, prepare_argv
@@ -96,6 +97,38 @@ def test_engine_cpu_threads_kwarg_reaches_the_scheduler_env(monkeypatch):
     out = apply_cpu_defaults({"model_path": "/m", "cpu_threads": 3})
     assert "cpu_threads" not in out and out["model_path"] == "/m"
     assert machine.threads_from_env() == 3
+
+
+def test_kernel_threads_rules_flag_and_kwarg(monkeypatch):
+    """The native kernels' threads: all usable cores per engine unless asked (their workers
+    claim parts one at a time, so none is held back for the tokenizer/detokenizer)."""
+    from rhyme_sglang.sglang_ext.cpu_defaults import apply_cpu_defaults
+
+    assert machine.choose_kernel_threads(None, cores=2) == 2
+    assert machine.choose_kernel_threads(None, cores=2, engines=2) == 1
+    assert machine.choose_kernel_threads(None, cores=16, engines=3) == 5
+    assert machine.choose_kernel_threads(3, cores=2) == 3
+    for bad in (0, -1, True):
+        with pytest.raises(ValueError, match="kernel threads"):
+            machine.choose_kernel_threads(bad, cores=2)
+    assert pop_cpu_threads(["--kernel-threads", "2", "--cpu-threads", "1"], "--kernel-threads") \
+        == (2, ["--cpu-threads", "1"])
+    with pytest.raises(ValueError, match="--kernel-threads"):
+        pop_cpu_threads(["--kernel-threads", "x"], "--kernel-threads")
+    monkeypatch.delenv(machine.KERNEL_THREADS_ENV, raising=False)
+    out = apply_cpu_defaults({"model_path": "/m", "kernel_threads": 2})
+    assert "kernel_threads" not in out and machine.kernel_threads_from_env() == 2
+    # the scheduler process: torch's threads by one rule, the kernels' by the other
+    monkeypatch.setattr(machine, "usable_cores", lambda: 2)
+    monkeypatch.setattr(machine, "_kernel_threads", None)
+    threads = torch.get_num_threads()
+    try:
+        assert machine.set_scheduler_threads({}) == 1 and machine.kernel_threads() == 2
+        machine.set_scheduler_threads({machine.KERNEL_THREADS_ENV: "1"})
+        assert machine.kernel_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+        machine.set_kernel_threads(None)
 
 
 

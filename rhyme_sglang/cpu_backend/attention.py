@@ -46,6 +46,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from rhyme_sglang.machine import kernel_threads
+
 try:
     from . import _rhyme_attention as _native
 except ImportError:  # not built: every request takes the batched PyTorch path
@@ -295,7 +297,7 @@ def _native_call(q, o, k_buffer, v_buffer, req_to_token, longs, sm_scale, logit_
                    ptr(req_to_token), *(ptr(x) for x in longs), ptr(tree_u8),
                    0 if tree is None else tree.shape[-1], longs[0].shape[0], q.shape[1], hkv,
                    q.shape[2], dv, req_to_token.stride(0), float(sm_scale), float(logit_cap),
-                   k_buffer.dtype == torch.bfloat16, bool(is_causal), torch.get_num_threads())
+                   k_buffer.dtype == torch.bfloat16, bool(is_causal), kernel_threads())
     if not direct:  # copy back the requests' rows only
         ext, first = longs[2].clamp(min=0), longs[3]
         packed_first = torch.cumsum(ext, 0) - ext  # where each request's rows start if packed

@@ -41,6 +41,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from rhyme_sglang.machine import kernel_threads
+
 logger = logging.getLogger(__name__)
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # rows; a call uses the first bucket >= its rows
@@ -118,7 +120,7 @@ def native_linear(x: torch.Tensor, panels: torch.Tensor, out_features: int,
         bias = bias.detach().contiguous()
     y = torch.empty(rows.shape[0], out_features)
     _native.gemm(rows.data_ptr(), panels.data_ptr(), 0 if bias is None else bias.data_ptr(),
-                 y.data_ptr(), rows.shape[0], out_features, in_features, torch.get_num_threads())
+                 y.data_ptr(), rows.shape[0], out_features, in_features, kernel_threads())
     return y.view(*x.shape[:-1], out_features)
 
 
@@ -203,7 +205,8 @@ def kernel_choice(out_features: int, in_features: int, dtype: torch.dtype,
         return ("onednn",) * len(BUCKETS)
     from rhyme_sglang.machine import machine_key
 
-    key = "|".join([machine_key(), str(torch.get_num_threads()), str(dtype).removeprefix("torch."),
+    key = "|".join([machine_key(), f"{torch.get_num_threads()}/{kernel_threads()}",
+                    str(dtype).removeprefix("torch."),
                     str(out_features), str(in_features), ",".join(map(str, BUCKETS)),
                     ",".join(KERNELS)])
     if key in _choices:
@@ -220,8 +223,9 @@ def kernel_choice(out_features: int, in_features: int, dtype: torch.dtype,
     else:
         start = time.perf_counter()
         choice = measure_choice(out_features, in_features, dtype)
-        logger.info("cpu linear [%d x %d] %s, %d threads: kernels by rows %s (measured in %.2f s)",
-                    out_features, in_features, dtype, torch.get_num_threads(),
+        logger.info("cpu linear [%d x %d] %s, %d/%d threads (torch/kernel): kernels by rows %s "
+                    "(measured in %.2f s)", out_features, in_features, dtype,
+                    torch.get_num_threads(), kernel_threads(),
                     dict(zip(BUCKETS, choice)), time.perf_counter() - start)
         table[key] = list(choice)
         try:

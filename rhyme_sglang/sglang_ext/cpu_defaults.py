@@ -69,13 +69,15 @@ def on_cpu_only_machine() -> bool:
 def apply_cpu_defaults(kwargs: dict) -> dict:
     """Fill CPU settings into engine kwargs (user-given keys win); set the CPU env vars.
 
-    ``cpu_threads`` (ours, not sglang's) is the scheduler's compute threads, handed to the
-    spawned scheduler through ``RHYME_CPU_THREADS`` (None/absent: the machine's rule, see
-    :func:`rhyme_sglang.machine.choose_scheduler_threads`)."""
+    ``cpu_threads`` and ``kernel_threads`` (ours, not sglang's) are the scheduler's torch
+    and native-kernel threads, handed to the spawned scheduler through ``RHYME_CPU_THREADS``
+    and ``RHYME_KERNEL_THREADS`` (None/absent: the machine's rules, see
+    :func:`rhyme_sglang.machine.choose_scheduler_threads` and ``choose_kernel_threads``)."""
     kwargs = dict(kwargs)
     from rhyme_sglang.machine import export_scheduler_threads
 
-    export_scheduler_threads(kwargs.pop("cpu_threads", None))
+    export_scheduler_threads(kwargs.pop("cpu_threads", None),
+                             kernels=kwargs.pop("kernel_threads", None))
     if not on_cpu_only_machine():
         return kwargs
     from rhyme_sglang import cpu_backend

@@ -378,7 +378,10 @@ def test_query_rows_out_of_request_order(impl):
 
 @needs_native
 def test_native_results_do_not_depend_on_the_thread_count():
-    """Requests are split across threads whole, so every bit is the same with 1 or 3 threads."""
+    """Requests are split across threads whole, so every bit is the same with 1, 3 or 8
+    threads (8: more threads than requests, several parts per thread)."""
+    from rhyme_sglang.machine import set_kernel_threads
+
     gen = torch.Generator().manual_seed(21)
     seq, n = [40, 7, 19, 33, 12], 4
     k_buffer, v_buffer, req_to_token, rows = _paged_cache(gen, seq, 2, 64, 64, torch.bfloat16)
@@ -386,11 +389,10 @@ def test_native_results_do_not_depend_on_the_thread_count():
     q = torch.randn(bsz * n, 6, 64, generator=gen).to(torch.bfloat16)
     tree = torch.stack([_random_tree(gen, n) for _ in range(bsz)]).reshape(-1)
     ext = torch.full((bsz,), n, dtype=torch.int32)
-    threads = torch.get_num_threads()
     outs = []
     try:
-        for count in (1, 3):
-            torch.set_num_threads(count)
+        for count in (1, 3, 8):
+            set_kernel_threads(count)
             o = torch.zeros(bsz * n, 6, 64, dtype=torch.bfloat16)
             with _impl("native"):
                 attention.extend_attention_cpu(q, None, None, o, k_buffer, v_buffer, 1.0, 1.0,
@@ -399,8 +401,8 @@ def test_native_results_do_not_depend_on_the_thread_count():
                                                None, None, tree, True)
             outs.append(o)
     finally:
-        torch.set_num_threads(threads)
-    assert torch.equal(outs[0], outs[1])
+        set_kernel_threads(None)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
 
 
 @needs_native

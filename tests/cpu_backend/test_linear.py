@@ -5,6 +5,7 @@ choice is measured once and cached, bad modes are refused."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -93,8 +94,10 @@ def test_native_matches_f_linear(monkeypatch, rows, with_bias):
 @pytest.mark.parametrize("threads", [1, 2])
 def test_native_row_does_not_depend_on_other_rows(monkeypatch, threads):
     """What makes a verify tree's rows bit-identical to decoding them one at a time."""
+    from rhyme_sglang import machine
+
     monkeypatch.setenv(linear.MODE_ENV, "native")
-    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    monkeypatch.setattr(machine, "_kernel_threads", threads)
     gen = torch.Generator().manual_seed(7)
     weight, bias = torch.randn(200, 96, generator=gen), torch.randn(200, generator=gen)
     layer = _layer()
@@ -191,3 +194,65 @@ def test_bad_mode_names_the_value(monkeypatch):
     monkeypatch.setenv(linear.MODE_ENV, "fast")
     with pytest.raises(ValueError, match="'fast'"):
         linear.kernel_choice(8, 8, torch.float32)
+
+
+_SHARED_POOL_SCRIPT = """
+import os, torch
+from rhyme_sglang.cpu_backend import attention, linear
+from tests.cpu_backend.test_attention_parity import _impl, _paged_cache
+from rhyme_sglang.machine import set_kernel_threads
+
+def tasks():
+    return len(os.listdir("/proc/self/task"))
+
+gen = torch.Generator().manual_seed(3)
+weight, x = torch.randn(300, 64, generator=gen), torch.randn(2, 64, generator=gen)
+panels = linear.native_pack(weight)
+out = torch.empty(2, 300)
+seq = [40, 7, 19, 33, 12, 25, 9, 30]
+k_buffer, v_buffer, req_to_token, rows = _paged_cache(gen, seq, 2, 64, 64, torch.float32)
+q = torch.randn(len(seq), 6, 64, generator=gen)
+o = torch.zeros(len(seq), 6, 64)
+before = tasks()
+linear._native.gemm(x.data_ptr(), panels.data_ptr(), 0, out.data_ptr(), 2, 300, 64, 4)
+after_gemm = tasks()
+set_kernel_threads(4)
+with _impl("native"):
+    attention.decode_attention_cpu(q, k_buffer, v_buffer, 1.0, 1.0, o, None, None, None, None,
+                                   req_to_token, rows, torch.tensor(seq), 0.125, 0.0, False, 0,
+                                   None, None)
+print(after_gemm - before, tasks() - after_gemm)
+"""
+
+
+@pytest.mark.skipif(not HAS_NATIVE, reason="the native GEMM module is not built")
+def test_the_native_modules_share_one_worker_pool():
+    """The GEMM and the attention module run their parts on one pool: 4 threads start 3
+    workers once, not 3 per module (two sets spinning on the same cores)."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run([sys.executable, "-c", _SHARED_POOL_SCRIPT], cwd=root,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split()[-2:] == ["3", "0"]
+
+
+def test_kernel_threads_setting(monkeypatch):
+    from rhyme_sglang import machine
+
+    monkeypatch.setattr(machine, "_kernel_threads", None)
+    monkeypatch.setenv(machine.KERNEL_THREADS_ENV, "auto")
+    assert machine.kernel_threads() == torch.get_num_threads()
+    monkeypatch.setenv(machine.KERNEL_THREADS_ENV, "3")
+    assert machine.kernel_threads() == 3
+    monkeypatch.setenv(machine.KERNEL_THREADS_ENV, "2")
+    assert machine.kernel_threads() == 3  # read once per process
+    machine.set_kernel_threads(None)
+    monkeypatch.setenv(machine.KERNEL_THREADS_ENV, "two")
+    with pytest.raises(ValueError, match="RHYME_KERNEL_THREADS"):
+        machine.kernel_threads()
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="kernel threads"):
+            machine.set_kernel_threads(bad)

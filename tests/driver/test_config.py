@@ -93,10 +93,13 @@ def test_auto_dtype_autocast_and_threads_resolve_by_machine():
     slow = cfg.resolved(engine_dtype=_pick(False), cores=2)
     assert slow.engine.dtype == "float32" and slow.train.autocast_bf16 is False
     assert slow.engine.cpu_threads == 1 and slow.train.num_threads == 2
+    assert slow.engine.kernel_threads == 1  # the demo's 2 engines share the 2 cores
+    assert slow.engine.server_args("/m")["kernel_threads"] == 1
     assert slow.engine.server_args("/m")["dtype"] == "float32"
     fast = cfg.resolved(engine_dtype=_pick(True), cores=16)
     assert fast.engine.dtype == "bfloat16" and fast.train.autocast_bf16 is True
     assert fast.engine.cpu_threads == 7 and fast.train.num_threads == 16
+    assert fast.engine.kernel_threads == 8
     assert fast.resolved(engine_dtype=_pick(False), cores=2) == fast  # concrete values stay
 
 
@@ -118,3 +121,5 @@ def test_explicit_dtype_autocast_and_threads_win():
         config_from_dict({"train": {"autocast_bf16": "yes"}})
     with pytest.raises(ConfigError, match="'engine.cpu_threads'.*-1"):
         config_from_dict({"engine": {"cpu_threads": -1}})
+    with pytest.raises(ConfigError, match="'engine.kernel_threads'.*-2"):
+        config_from_dict({"engine": {"kernel_threads": -2}})

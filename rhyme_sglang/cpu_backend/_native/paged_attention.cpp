@@ -322,8 +322,8 @@ void attend_request(const Shapes& s, const float* q, float* o, const void* k_cac
 
 // The whole batch. Per request b: pool_rows[b] (row of req_to_token), seq_lens[b],
 // ext_lens[b], starts[b] (first query row in q / o, and first row of k_new / v_new).
-// With threads > 1 the requests are split into that many runs of similar work (a request is
-// never split, so its arithmetic does not depend on the thread count).
+// With threads > 1 the requests are split into runs of similar work, several per thread (a
+// request is never split, so its arithmetic does not depend on the thread count).
 void attend(uintptr_t q, uintptr_t o, uintptr_t k_cache, uintptr_t v_cache, uintptr_t k_new,
             uintptr_t v_new, uintptr_t req_to_token, uintptr_t pool_rows, uintptr_t seq_lens,
             uintptr_t ext_lens, uintptr_t starts, uintptr_t tree, int64_t tree_n, int64_t batch,
@@ -364,7 +364,7 @@ void attend(uintptr_t q, uintptr_t o, uintptr_t k_cache, uintptr_t v_cache, uint
         }
     };
     py::gil_scoped_release release;
-    const int64_t parts = std::min<int64_t>(std::max<int64_t>(threads, 1), batch);
+    const int64_t parts = rhyme_parts::parts_for(batch, threads);
     if (parts <= 1) {
         run(0, batch);
         return;
@@ -376,7 +376,7 @@ void attend(uintptr_t q, uintptr_t o, uintptr_t k_cache, uintptr_t v_cache, uint
         bounds.push_back(std::max(b, bounds.back()));
     }
     bounds.push_back(batch);
-    rhyme_parts::run_in_parts(parts, [&](int64_t part) { run(bounds[part], bounds[part + 1]); });
+    rhyme_parts::run_in_parts(parts, threads, [&](int64_t part) { run(bounds[part], bounds[part + 1]); });
 }
 
 // Writes this step's K and V rows into the cache: row i of k_src / v_src (rows src_stride
@@ -404,6 +404,7 @@ void store_kv(uintptr_t k_cache, uintptr_t v_cache, uintptr_t k_src, uintptr_t v
 }  // namespace
 
 PYBIND11_MODULE(_rhyme_attention, m) {
+    rhyme_parts::share_pool();
     m.doc() = "Paged CPU attention over sglang's KV pool (see paged_attention.cpp)";
     m.def("attend", &attend);
     m.def("store_kv", &store_kv);

@@ -1,13 +1,24 @@
-// Running a kernel's work in parts on plain threads (no OpenMP): parts 0 .. parts-2 run on
-// the workers of a pool kept for the process, the last part on the calling thread; the first
-// error is rethrown. A model step makes ~150 such calls of 0.05-5 ms, so starting threads per
-// call (20-60 us each) would eat much of what a second core gives. Between calls the workers
-// spin for up to kSpinMicros, then sleep on a condition variable. Calls are serialised (one
-// job at a time), and a process forked from one that had workers starts a pool of its own.
+// Running a kernel's work in parts on plain threads (no OpenMP). A model step makes ~150 such
+// calls of 0.05-5 ms, so the threads are kept: one pool per process, shared by every native
+// module that includes this header (each module calls share_pool() at import; the pool is
+// found through an attribute of Python's sys module), so two modules never keep two sets of
+// workers spinning on the same cores.
+//
+// Parts are claimed one at a time, by the calling thread and up to threads - 1 workers, from
+// one atomic counter. On a small machine another process (SGLang's tokenizer or detokenizer)
+// can hold a core for a time slice; a worker that is not running then claims nothing, and the
+// caller runs its parts instead of waiting for it at a join. So callers split the work into
+// more parts than threads (several per thread), each small.
+//
+// Between jobs the workers spin for up to kSpinMicros, then sleep on a condition variable.
+// Calls are serialised (one job at a time), and a process forked from one that had workers
+// makes a pool of its own.
 #pragma once
 
+#include <pybind11/pybind11.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -39,20 +50,36 @@ inline bool spin_until(const std::function<bool()>& ready) {
     }
 }
 
+class Pool;
+
+// What the modules of one process share: the pool (replaced after a fork) and its guard.
+struct Registry {
+    std::mutex guard;
+    Pool* pool = nullptr;
+};
+
+// This module's pointer to the process's registry (set by share_pool at import).
+inline Registry*& registry_slot() {
+    static Registry* slot = nullptr;
+    return slot;
+}
+
 class Pool {
   public:
-    // This process's pool (each native module has its own; workers are made on first need).
+    // This process's pool (workers are made on first need).
     static Pool& instance() {
-        static std::mutex guard;
-        static Pool* pool = nullptr;
-        std::lock_guard<std::mutex> lock(guard);
-        if (pool == nullptr || pool->owner_ != getpid())
-            pool = new Pool();  // leaked on purpose: workers never join at exit, and a fork's
-                                // copy of the parent's pool (and its mutexes) is never touched
-        return *pool;
+        Registry*& reg = registry_slot();
+        if (reg == nullptr) reg = new Registry();  // share_pool() not called: a pool of its own
+        std::lock_guard<std::mutex> lock(reg->guard);
+        if (reg->pool == nullptr || reg->pool->owner_ != getpid())
+            reg->pool = new Pool();  // leaked on purpose: workers never join at exit, and a fork's
+                                     // copy of the parent's pool (and its mutexes) is never touched
+        return *reg->pool;
     }
 
-    void run(int64_t parts, const std::function<void(int64_t)>& part_fn) {
+    // part_fn(0 .. parts - 1), on the caller and up to `helpers` workers; the first error is
+    // rethrown once every part has run.
+    void run(int64_t parts, int64_t helpers, const std::function<void(int64_t)>& part_fn) {
         std::lock_guard<std::mutex> call(call_);
         std::vector<std::exception_ptr> errors(static_cast<size_t>(parts));
         std::function<void(int64_t)> guarded = [&](int64_t part) {
@@ -62,23 +89,27 @@ class Pool {
                 errors[static_cast<size_t>(part)] = std::current_exception();
             }
         };
+        uint64_t generation;
         {
             std::lock_guard<std::mutex> lock(mutex_);
-            while (static_cast<int64_t>(workers_) < parts - 1) {
+            while (static_cast<int64_t>(workers_) < helpers) {
                 std::thread(&Pool::work, this, static_cast<int64_t>(workers_),
                             generation_.load()).detach();
                 ++workers_;
             }
             job_ = &guarded;
             parts_ = parts;
-            pending_.store(parts - 1);
-            generation_.fetch_add(1);  // under the mutex: a worker reads the job with it
+            helpers_ = helpers;
+            finished_.store(0);
+            generation = generation_.load() + 1;
+            next_.store(generation << 32);  // this job's claims start at part 0
+            generation_.store(generation);  // under the mutex: a worker reads the job with it
         }
         wake_.notify_all();
-        guarded(parts - 1);
-        if (!spin_until([&] { return pending_.load() == 0; })) {
+        claim(generation, parts, guarded);
+        if (!spin_until([&] { return finished_.load() == parts; })) {
             std::unique_lock<std::mutex> lock(mutex_);
-            done_.wait(lock, [&] { return pending_.load() == 0; });
+            done_.wait(lock, [&] { return finished_.load() == parts; });
         }
         for (auto& e : errors)
             if (e) std::rethrow_exception(e);
@@ -87,6 +118,24 @@ class Pool {
   private:
     Pool() : owner_(getpid()) {}
 
+    // Runs parts of job `generation` while any is left. The counter holds the job's
+    // generation (high 32 bits) and its next part: a thread still holding an older job
+    // claims nothing of a newer one.
+    void claim(uint64_t generation, int64_t parts, const std::function<void(int64_t)>& job) {
+        for (;;) {
+            uint64_t seen = next_.load();
+            if ((seen >> 32) != (generation & 0xffffffffu)) return;
+            const int64_t part = static_cast<int64_t>(seen & 0xffffffffu);
+            if (part >= parts) return;
+            if (!next_.compare_exchange_weak(seen, seen + 1)) continue;
+            job(part);
+            if (finished_.fetch_add(1) + 1 == parts) {
+                std::lock_guard<std::mutex> lock(mutex_);  // the caller may be about to sleep
+                done_.notify_one();
+            }
+        }
+    }
+
     void work(int64_t index, uint64_t seen) {
         for (;;) {
             if (!spin_until([&] { return generation_.load() != seen; })) {
@@ -94,7 +143,7 @@ class Pool {
                 wake_.wait(lock, [&] { return generation_.load() != seen; });
             }
             const std::function<void(int64_t)>* job;
-            int64_t parts;
+            int64_t parts, helpers;
             {
                 // the generation, its job and its size, read together (a job this worker
                 // takes no part in may already have been followed by the next)
@@ -102,34 +151,52 @@ class Pool {
                 seen = generation_.load();
                 job = job_;
                 parts = parts_;
+                helpers = helpers_;
             }
-            if (index >= parts - 1) continue;  // this job needs fewer workers
-            (*job)(index);
-            if (pending_.fetch_sub(1) == 1) {
-                std::lock_guard<std::mutex> lock(mutex_);  // the caller may be about to sleep
-                done_.notify_one();
-            }
+            if (index < helpers) claim(seen, parts, *job);
         }
     }
 
     const pid_t owner_;
     std::mutex call_;   // one job at a time
-    std::mutex mutex_;  // job_ and parts_, and the sleeping side of the counters
+    std::mutex mutex_;  // job_, parts_ and helpers_, and the sleeping side of the counters
     std::condition_variable wake_, done_;
     size_t workers_ = 0;
     std::atomic<uint64_t> generation_{0};
-    std::atomic<int64_t> pending_{0};
+    std::atomic<uint64_t> next_{0};  // (generation << 32) | next part to claim
+    std::atomic<int64_t> finished_{0};
     const std::function<void(int64_t)>* job_ = nullptr;
-    int64_t parts_ = 0;
+    int64_t parts_ = 0, helpers_ = 0;
 };
 
+// At module import (the GIL held): use the process's registry, made by the first module that
+// asks, so every module runs its parts on one pool.
+inline void share_pool() {
+    namespace py = pybind11;
+    py::module_ sys = py::module_::import("sys");
+    const char* name = "_rhyme_parts_registry";
+    if (!py::hasattr(sys, name))
+        sys.attr(name) = py::capsule(new Registry(), name);  // lives as long as the process
+    registry_slot() = sys.attr(name).cast<py::capsule>().get_pointer<Registry>();
+}
+
+// run_part(0 .. parts - 1) on up to `threads` threads (the caller's included).
 template <typename F>
-void run_in_parts(int64_t parts, F&& run_part) {
-    if (parts <= 1) {
-        if (parts == 1) run_part(0);
+void run_in_parts(int64_t parts, int64_t threads, F&& run_part) {
+    if (parts <= 0) return;
+    if (parts == 1 || threads <= 1) {
+        for (int64_t part = 0; part < parts; ++part) run_part(part);
         return;
     }
-    Pool::instance().run(parts, std::function<void(int64_t)>(run_part));
+    const int64_t helpers = std::min<int64_t>(threads, parts) - 1;
+    Pool::instance().run(parts, helpers, std::function<void(int64_t)>(run_part));
+}
+
+// Parts for `items` units of work on `threads` threads: several per thread (see above), at
+// most one per item.
+inline int64_t parts_for(int64_t items, int64_t threads) {
+    if (threads <= 1 || items <= 1) return 1;
+    return std::min<int64_t>(items, 4 * threads);
 }
 
 }  // namespace rhyme_parts

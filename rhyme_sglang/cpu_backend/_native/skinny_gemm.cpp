@@ -150,7 +150,8 @@ void pack(uintptr_t w, uintptr_t packed, int64_t n, int64_t k) {
     }
 }
 
-// y [M, N] <- x [M, K] @ w^T (+ bias), w given packed; `threads` > 1 splits the panels.
+// y [M, N] <- x [M, K] @ w^T (+ bias), w given packed; `threads` > 1 splits the panels
+// (into several parts per thread, claimed as the threads come free: parts.h).
 void gemm(uintptr_t x, uintptr_t packed, uintptr_t bias, uintptr_t y, int64_t m, int64_t n, int64_t k,
           int64_t threads) {
     if (m < 0 || n <= 0 || k <= 0) throw std::invalid_argument("gemm needs m >= 0, n > 0, k > 0");
@@ -166,12 +167,8 @@ void gemm(uintptr_t x, uintptr_t packed, uintptr_t bias, uintptr_t y, int64_t m,
     };
     if (m == 0) return;
     py::gil_scoped_release release;
-    const int64_t parts = std::min<int64_t>(std::max<int64_t>(threads, 1), panels);
-    if (parts <= 1) {
-        run(0, panels);
-        return;
-    }
-    rhyme_parts::run_in_parts(parts, [&](int64_t part) {
+    const int64_t parts = rhyme_parts::parts_for(panels, threads);
+    rhyme_parts::run_in_parts(parts, threads, [&](int64_t part) {
         run(panels * part / parts, panels * (part + 1) / parts);
     });
 }
@@ -179,6 +176,7 @@ void gemm(uintptr_t x, uintptr_t packed, uintptr_t bias, uintptr_t y, int64_t m,
 }  // namespace
 
 PYBIND11_MODULE(_rhyme_gemm, m) {
+    rhyme_parts::share_pool();
     m.doc() = "fp32 few-row products over panel-packed weights (see skinny_gemm.cpp)";
     m.def("panel_width", &panel_width);
     m.def("isa", &isa_name);
