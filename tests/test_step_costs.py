@@ -157,3 +157,10 @@ def test_an_engines_entry_from_its_server_args_and_model_runner():
     assert cache.about["device"] == "cpu" and cache.about["dtype"] == "float32"
     assert cache.key == step_costs.table_key(cache.about["model"], "float32",
                                              cache.about["threads"], "cpu")
+    from rhyme_sglang import machine
+
+    machine.set_kernel_threads(machine.kernel_threads() + 1)  # other kernel threads, other entry
+    try:
+        assert step_costs.StepCostCache.for_engine(args, runner).key != cache.key
+    finally:
+        machine.set_kernel_threads(None)

@@ -54,12 +54,13 @@ def cache_path() -> Path:
     return Path(base) / "rhyme_sglang" / "step_costs.json"
 
 
-def table_key(model_shape: dict, dtype: str, threads: int, device: str) -> str:
-    """This machine (CPU model, flags, torch), the model's shape, dtype, threads, device."""
+def table_key(model_shape: dict, dtype: str, threads, device: str) -> str:
+    """This machine (CPU model, flags, torch), the model's shape, dtype, threads (torch's, or
+    ``"torch/kernel"``), device."""
     from rhyme_sglang.machine import machine_key
 
     text = json.dumps({"machine": machine_key(), "model": model_shape, "dtype": str(dtype),
-                       "threads": int(threads), "device": device, "format": FORMAT},
+                       "threads": str(threads), "device": device, "format": FORMAT},
                       sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
@@ -146,7 +147,11 @@ class StepCostCache:
         device = str(getattr(server_args, "device", None) or "cpu")
         if device.startswith("cuda") and torch.cuda.is_available():
             device = torch.cuda.get_device_name()
-        threads = torch.get_num_threads()
+        from rhyme_sglang.machine import kernel_threads
+
+        # a verify's cost depends on both: its GEMMs run on the kernels' threads (stop 35:
+        # costs saved with 1 kernel thread kept a 2-thread engine from verifying)
+        threads = f"{torch.get_num_threads()}/{kernel_threads()}"
         return cls(table_key(shape, server_args.dtype, threads, device),
                    about={"model": shape, "dtype": str(server_args.dtype), "threads": threads,
                           "device": device})
