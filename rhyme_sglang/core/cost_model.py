@@ -420,7 +420,8 @@ class SpecCostModel:
         predictions (scaled here by the overall calibration), or already calibrated per
         request (:meth:`batch_expected`) with ``calibrated=True``. With a ``horizon``, rates
         count useful tokens only (module docstring); ``critical[w]``: the critical requests'
-        mean expected accepted drafts (:meth:`critical_expected`; missing = none accepted)."""
+        mean expected accepted drafts, in the same form as ``expected`` (missing = none
+        accepted; :meth:`critical_expected` gives the calibrated form)."""
         if horizon is not None and len(horizon.remaining) != batch_size:
             raise ValueError(f"horizon has {len(horizon.remaining)} requests, batch has {batch_size}")
         self._decisions += 1
@@ -560,16 +561,21 @@ class SpecCostModel:
     def _maybe_reexplore(self, bucket: int, choice: int, rates: Mapping[int, float]) -> int:
         """``choice``, except every ``reexplore_every`` decisions: the stalest other cell
         (never observed here = stalest; ties: the plain baseline, then the best rate) among
-        the plain step and the verify cells whose rate is within ``explore_within`` of the
-        best. A cell far behind is not re-run: on a 2-core CPU a batch-27 verify at width 16
-        took 2.2 s against 0.3 s for a plain step, and one such refresh per 64 steps costs
-        ~10% of the decode time. A cell that only looks slow is bounded by ``max_jump`` per
-        measurement, so one stall does not push it out of reach."""
+        the plain step, the verify cells whose rate is within ``explore_within`` of the best,
+        and seeded cells this model never measured. A measured cell far behind is not re-run:
+        on a 2-core CPU a batch-27 verify at width 16 took 2.2 s against 0.3 s for a plain
+        step, and one such refresh per 64 steps costs ~10% of the decode time. A cell that only
+        looks slow is bounded by ``max_jump`` per measurement, so one stall does not push it
+        out of reach. A seeded cell is run once however slow it reads: seeds come from earlier
+        engines, whose kernels may have been slower (stop 35: verify cells saved with one
+        kernel thread read 2-3x a plain step where a verify now costs 1.5x, and were never
+        run again)."""
         if self._decisions % self.reexplore_every or len(rates) < 2:
             return choice
         best = max(r or 0.0 for r in rates.values())
         alternatives = [w for w, r in rates.items() if w != choice
-                        and (w == PLAIN or (r or 0.0) >= self.explore_within * best)]
+                        and (w == PLAIN or (r or 0.0) >= self.explore_within * best
+                             or (bucket, w) not in self._seen)]
         if not alternatives:
             return choice
         return min(alternatives, key=lambda w: (self._seen.get((bucket, w), -1), w != PLAIN,

@@ -369,3 +369,21 @@ def test_ragged_horizon_takes_the_long_requests_nodes():
     assert m.choose_rows(8, [[]] + [[0.9] * 4] * 7, tail) == (PLAIN, [0] * 8)
     with pytest.raises(ValueError, match="horizon"):
         m.choose_rows(8, gains, Horizon((1, 2)))
+
+
+def test_a_seeded_cell_is_run_once_however_slow_it_reads():
+    """Seeds come from earlier engines (slower kernels, other code): a verify cell seeded at 3x
+    a plain step is measured once at a re-exploration point, then judged on what it measured;
+    a cell this model measured that slow is not re-run."""
+    m = SpecCostModel(widths=(4,), reexplore_every=8, alpha=1.0)
+    m.seed({(4, PLAIN): 0.10, (4, 4): 0.30})
+    m.observe_step(4, PLAIN, 0.10)  # plain measured here; the verify cell is only a seed
+    expected = {4: 1.0}  # (4 + 1) / 0.30 = 17 tok/s against plain's 40: far behind
+    choices = [m.choose_width(4, expected) for _ in range(8)]
+    assert choices == [PLAIN] * 7 + [4]  # the 8th decision runs the seeded cell once
+    m.observe_step(4, 4, 0.12)  # it got cheaper: (4 + 1) / 0.12 = 42 tok/s
+    assert m.choose_width(4, expected) == 4
+    slow = SpecCostModel(widths=(4,), reexplore_every=8, alpha=1.0)
+    slow.observe_step(4, PLAIN, 0.10)
+    slow.observe_step(4, 4, 0.30)  # measured here at 3x: not re-run
+    assert [slow.choose_width(4, expected) for _ in range(16)] == [PLAIN] * 16
