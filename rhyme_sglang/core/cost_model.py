@@ -141,6 +141,8 @@ class Horizon:
 
     remaining: Tuple[float, ...]
     queued: float = 0.0
+    longest: float = field(init=False)  # the longest remainder
+    work: float = field(init=False)  # every remainder plus the queue
 
     def __post_init__(self) -> None:
         if not self.remaining or min(self.remaining) <= 0:
@@ -148,14 +150,9 @@ class Horizon:
         if self.queued < 0:
             raise ValueError(f"queued must be >= 0, got {self.queued}")
         object.__setattr__(self, "remaining", tuple(float(r) for r in self.remaining))
-
-    @property
-    def longest(self) -> float:
-        return max(self.remaining)
-
-    @property
-    def work(self) -> float:
-        return sum(self.remaining) + self.queued
+        # derived once: useful() runs per candidate draft node on the scheduler's step
+        object.__setattr__(self, "longest", max(self.remaining))
+        object.__setattr__(self, "work", sum(self.remaining) + self.queued)
 
     def critical(self) -> Tuple[int, ...]:
         """Indices of the requests on the critical path (within ``CRITICAL_SHARE`` of the
