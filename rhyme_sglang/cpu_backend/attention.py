@@ -384,12 +384,22 @@ def _decode_meta(req_pool_indices, seq_lens):
     return longs
 
 
+def _as_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x`` [T, H, D] as [T, H * D] without a copy where its heads lie side by side in each
+    row (a row view of the fused QKV output does), else unchanged."""
+    if x.stride(2) == 1 and x.stride(1) == x.shape[2]:
+        return x.view(x.shape[0], -1) if x.is_contiguous() else x.flatten(1)
+    return x
+
+
 def _store_kv(k_buffer, v_buffer, k, v, cache_loc, native: bool) -> None:
     """This step's K/V rows into the cache at ``cache_loc``: one native copy on the native path
     when they are in the cache's dtype with unit inner stride (row views of the fused QKV
     output qualify), else two index writes."""
     rows = cache_loc.shape[0]
     kr, vr = k_buffer[0].numel(), v_buffer[0].numel()
+    if k.dim() == 3 and v.dim() == 3 and k.shape[0] == rows and v.shape[0] == rows:
+        k, v = _as_rows(k), _as_rows(v)  # [T, Hkv, D] views as sglang's RadixAttention makes
     if (native and k.dtype == k_buffer.dtype and v.dtype == v_buffer.dtype
             and k.dim() == 2 and v.dim() == 2 and k.shape == (rows, kr) and v.shape == (rows, vr)
             and k.stride(1) == 1 and v.stride(1) == 1 and k_buffer.is_contiguous()
@@ -441,6 +451,86 @@ def decode_attention_cpu(
     for chunk in _chunks(reqs, seq_l, [1] * bsz, _bytes_per_key(k_buffer, v_buffer), bytes_per_score):
         _attend_requests(q, o, k_buffer, v_buffer, req_to_token, chunk, _decode_mask,
                          sm_scale, logit_cap)
+
+
+class StepPlan:
+    """What every layer of one DECODE or TARGET_VERIFY forward passes to the native kernels,
+    converted once for all layers: the cache rows to write, the per-request int64 arrays and
+    the tree. :meth:`attend` then does what ``decode_attention_cpu`` / ``extend_attention_cpu``
+    do on their native path (same kernel calls, same arguments), minus their per-layer checks
+    and conversions. Built by :func:`plan_step`, for an fp32 K/V cache."""
+
+    __slots__ = ("req_to_token", "longs", "cache_loc", "tree", "tree_n", "verify")
+
+    def __init__(self, req_to_token, longs, cache_loc, tree, verify: bool):
+        self.req_to_token = req_to_token  # [pool rows, max len] int32
+        self.longs = longs  # pool rows, seq lens, extend lens, starts: [B] int64 each
+        self.cache_loc = cache_loc  # [T] int64: where this step's K/V rows go
+        self.tree = tree  # [B, n, n] uint8 or None
+        self.tree_n = 0 if tree is None else tree.shape[-1]
+        self.verify = verify
+
+    def attend(self, q, k, v, k_buffer, v_buffer, sm_scale: float) -> torch.Tensor:
+        """Store this step's K/V rows, attend; q [T, H * D] fp32 contiguous, k/v [T, Hkv * D*]
+        fp32 rows with unit inner stride. Returns o [T, H * Dv] fp32."""
+        rows, size = k.shape[0], k.element_size()
+        kr, vr = k_buffer[0].numel(), v_buffer[0].numel()
+        _native.store_kv(k_buffer.data_ptr(), v_buffer.data_ptr(), k.data_ptr(), v.data_ptr(),
+                         k.stride(0) * size, v.stride(0) * size, self.cache_loc.data_ptr(), rows,
+                         kr * size, vr * size, k_buffer.shape[0])
+        hkv, d, dv = k_buffer.shape[1], k_buffer.shape[2], v_buffer.shape[2]
+        heads = q.shape[1] // d
+        o = torch.empty(rows, heads * dv)
+        fresh_k = fresh_v = None
+        if self.verify:  # as extend_attention_cpu: the op's own K/V, [T, Hkv, D*] contiguous
+            fresh_k, fresh_v = k.contiguous(), v.contiguous()
+        longs, tree = self.longs, self.tree
+        _native.attend(q.data_ptr(), o.data_ptr(), k_buffer.data_ptr(), v_buffer.data_ptr(),
+                       0 if fresh_k is None else fresh_k.data_ptr(),
+                       0 if fresh_v is None else fresh_v.data_ptr(),
+                       self.req_to_token.data_ptr(), *(x.data_ptr() for x in longs),
+                       0 if tree is None else tree.data_ptr(), self.tree_n, longs[0].shape[0],
+                       heads, hkv, d, dv, self.req_to_token.stride(0), float(sm_scale), 0.0,
+                       k_buffer.dtype == torch.bfloat16, True, kernel_threads())
+        return o
+
+
+def plan_step(backend, forward_batch, k_buffer, v_buffer, tokens: int):
+    """A :class:`StepPlan` for this forward of sglang's ``intel_amx`` backend, or None where
+    its layers need the general path (native attention off, a K/V dtype or pool it cannot
+    read, draft-model or sliding-window metadata, an uneven verify layout)."""
+    req_to_token = backend.req_to_token_pool.req_to_token
+    if (not native_enabled() or getattr(backend, "draft_decode_metadata", None) is not None
+            or getattr(backend, "use_sliding_window_kv_pool", False)
+            or k_buffer.dtype != torch.float32 or v_buffer.dtype != torch.float32
+            or not k_buffer.is_contiguous() or not v_buffer.is_contiguous()
+            or req_to_token.dtype != torch.int32 or req_to_token.dim() != 2
+            or req_to_token.stride(1) != 1):
+        return None
+    cache_loc = forward_batch.out_cache_loc.to(torch.int64).contiguous()
+    if cache_loc.shape[0] != tokens:
+        return None
+    mode = forward_batch.forward_mode
+    if mode.is_decode():
+        longs = _decode_meta(forward_batch.req_pool_indices, forward_batch.seq_lens)
+        if longs[0].shape[0] != tokens:
+            return None
+        return StepPlan(req_to_token, longs, cache_loc, None, verify=False)
+    if not mode.is_target_verify() or backend.extend_metadata is None:
+        return None
+    seq_lens, ext_lens, starts, tree_mask = backend.extend_metadata
+    bsz = seq_lens.shape[0]
+    longs = [x.to(torch.int64).contiguous()
+             for x in (forward_batch.req_pool_indices, seq_lens, ext_lens, starts)]
+    if bsz == 0 or int((longs[3] + longs[2].clamp(min=0)).max()) > tokens:
+        return None
+    tree = None
+    if tree_mask is not None and tree_mask.dim() == 3:  # ragged: [bs, n, n]
+        tree = tree_mask.to(torch.uint8).contiguous()
+    elif tree_mask is not None:
+        lq = int(longs[2].max())
+        tree = tree_mask.reshape(-1)[: bsz * lq * lq].view(bsz, lq, lq).to(torch.uint8).contiguous()
+    return StepPlan(req_to_token, longs, cache_loc, tree, verify=True)
 
 
 _EXTEND_SCHEMA = (

@@ -29,6 +29,11 @@ Applied by :mod:`.bootstrap` right after the target module executes, only while 
   (``sglang.srt.layers.rotary_embedding.base``): the plain fp32 RMSNorm (with or without the
   residual add) and rotary embedding run as one native call each (:mod:`.small_ops`) instead
   of sglang's 7-25 PyTorch ops; every other variant keeps sglang's ``forward_native``.
+* ``lean_cpu_forward`` (``sglang.srt.models.llama``, ``.qwen2``): the model's forward of a
+  DECODE or TARGET_VERIFY batch runs the same kernels without sglang's per-layer dispatch
+  (:mod:`.lean_forward`; ``RHYME_CPU_LEAN=off`` keeps sglang's path). The attention backend
+  also calls our attention functions directly instead of through the boxed
+  ``torch.ops.sgl_kernel`` dispatcher (``ragged_verify_metadata`` below).
 * ``repack_after_weight_updates``
   (``sglang.srt.model_executor.model_runner_components.weight_updater``): every in-place
   weight update marks the packs of :mod:`.linear` stale.
@@ -211,6 +216,31 @@ def ragged_verify_metadata(amx_backend) -> None:
     _build_extend_metadata.__name__ = "_build_extend_metadata"
     cls._build_extend_metadata = _build_extend_metadata
     APPLIED.add("ragged_verify_metadata")
+    direct_attention_calls(cls)
+
+
+def direct_attention_calls(cls) -> None:
+    """The backend's two attention ops are ours (the stand-in registers them): call the Python
+    functions, not the ``torch.ops`` packets, whose boxed dispatch cost ~0.1 ms a layer."""
+    from rhyme_sglang.cpu_backend import attention
+
+    original = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.decode_attention_fwd = attention.decode_attention_cpu
+        self.extend_attention_fwd = attention.extend_attention_cpu
+
+    __init__.__name__ = "__init__"
+    cls.__init__ = __init__
+    APPLIED.add("direct_attention_calls")
+
+
+def lean_cpu_forward(models_module) -> None:
+    from rhyme_sglang.cpu_backend import lean_forward
+
+    lean_forward.patch_model(models_module)
+    APPLIED.add("lean_cpu_forward")
 
 
 _BY_MODULE = {
@@ -223,6 +253,8 @@ _BY_MODULE = {
     "sglang.srt.layers.attention.intel_amx_backend": ragged_verify_metadata,
     "sglang.srt.layers.layernorm": native_cpu_rmsnorm,
     "sglang.srt.layers.rotary_embedding.base": native_cpu_rotary,
+    "sglang.srt.models.llama": lean_cpu_forward,
+    "sglang.srt.models.qwen2": lean_cpu_forward,
 }
 
 

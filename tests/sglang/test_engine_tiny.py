@@ -122,3 +122,16 @@ def test_verify_steps_are_bit_identical_to_plain_decode(tiny, tiny_engine):
     assert accepted > 0, "the second pass accepted no drafts, so it ran no verify step"
     assert spec_tokens == tokens
     assert spec_logprobs == logprobs  # exact float equality, every token
+
+
+def test_lean_forward_is_bit_identical_to_sglangs(tiny, tiny_engine, monkeypatch):
+    """``RHYME_CPU_LEAN=check``: every decode and verify forward runs sglang's layer stack and
+    the lean one (``cpu_backend/lean_forward.py``), and the scheduler fails on any bit of
+    difference in their hidden states. Plain decode, then verify steps of every width (the
+    cycling RHYME engine); the tokens are the default engine's. (A mismatch stops the
+    scheduler, and sglang then kills its launcher: the run fails.)"""
+    tokens = _generate(tiny_engine)
+    monkeypatch.setenv("RHYME_CPU_LEAN", "check")  # read by the engine's scheduler
+    checked = tiny("tiny-rhyme-cycle", random_seed=7)  # its own key: a fresh engine
+    for _ in range(3):  # later rounds draft from the earlier rounds' history
+        assert _generate(checked) == tokens
