@@ -75,7 +75,8 @@ from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Sequence
 
 from rhyme_sglang.core import LengthStats, read_trace
-from rhyme_sglang.core.cost_model import Horizon, SpecCostModel, default_widths, remaining_tokens
+from rhyme_sglang.core.cost_model import SpecCostModel, default_widths
+from rhyme_sglang.core.horizon import Horizon, remaining_tokens
 from rhyme_sglang.core.draft import Draft, accepted_length, expected_accepts, truncate
 from rhyme_sglang.core.trace import TraceRecord
 from rl_driver.balance import assign_groups

@@ -50,7 +50,7 @@ class RhymeConfig:
       nodes taken (no padding rows). Off = every request verifies the step's width.
     * ``horizon``: the cost model counts a step's tokens only as far as they shorten the
       rollout's critical path (the longest predicted remainder, the waiting queue's
-      predicted tokens; :class:`rhyme_sglang.core.cost_model.Horizon`); off = batch
+      predicted tokens; :class:`rhyme_sglang.core.horizon.Horizon`); off = batch
       tokens per second.
     * ``cycle_widths``: diagnostic/test mode: decode steps walk through plain and every
       width in an order that makes every switch between two of them (lossless tests); with

@@ -32,9 +32,8 @@ from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
 from rhyme_sglang.core import DraftStore, group_leaders, lpt_group_order, prompt_key
 from rhyme_sglang.core.breakdown import decode_kind
-from rhyme_sglang.core.cost_model import (
-    PLAIN, Horizon, SpecCostModel, check_widths, default_widths, remaining_tokens,
-)
+from rhyme_sglang.core.cost_model import PLAIN, SpecCostModel, check_widths, default_widths
+from rhyme_sglang.core.horizon import Horizon, remaining_tokens
 from rhyme_sglang.core.draft import best_first_order, expected_accepts, truncate
 from rhyme_sglang.sglang_ext import step_kinds, timeline
 from rhyme_sglang.sglang_ext.commands import ControlCommands

@@ -3,8 +3,9 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from rhyme_sglang.core.cost_model import (PLAIN, Horizon, SpecCostModel, bucket_of,
-                                          check_widths, default_widths, remaining_tokens)
+from rhyme_sglang.core.cost_model import (PLAIN, SpecCostModel, bucket_of, check_widths,
+                                          default_widths)
+from rhyme_sglang.core.horizon import Horizon, remaining_tokens
 from rhyme_sglang.core.draft import Draft, best_first_order, expected_accepts, truncate
 
 
