@@ -387,9 +387,7 @@ def _decode_meta(req_pool_indices, seq_lens):
 def _as_rows(x: torch.Tensor) -> torch.Tensor:
     """``x`` [T, H, D] as [T, H * D] without a copy where its heads lie side by side in each
     row (a row view of the fused QKV output does), else unchanged."""
-    if x.stride(2) == 1 and x.stride(1) == x.shape[2]:
-        return x.view(x.shape[0], -1) if x.is_contiguous() else x.flatten(1)
-    return x
+    return x.flatten(1) if x.stride(2) == 1 and x.stride(1) == x.shape[2] else x
 
 
 def _store_kv(k_buffer, v_buffer, k, v, cache_loc, native: bool) -> None:
@@ -457,42 +455,29 @@ class StepPlan:
     """What every layer of one DECODE or TARGET_VERIFY forward passes to the native kernels,
     converted once for all layers: the cache rows to write, the per-request int64 arrays and
     the tree. :meth:`attend` then does what ``decode_attention_cpu`` / ``extend_attention_cpu``
-    do on their native path (same kernel calls, same arguments), minus their per-layer checks
-    and conversions. Built by :func:`plan_step`, for an fp32 K/V cache."""
+    do on their native path (the same ``_store_kv`` and ``_native_call``), minus their
+    per-layer checks and conversions. Built by :func:`plan_step`, for an fp32 K/V cache."""
 
-    __slots__ = ("req_to_token", "longs", "cache_loc", "tree", "tree_n", "verify")
+    __slots__ = ("req_to_token", "longs", "cache_loc", "tree", "verify")
 
     def __init__(self, req_to_token, longs, cache_loc, tree, verify: bool):
         self.req_to_token = req_to_token  # [pool rows, max len] int32
         self.longs = longs  # pool rows, seq lens, extend lens, starts: [B] int64 each
         self.cache_loc = cache_loc  # [T] int64: where this step's K/V rows go
         self.tree = tree  # [B, n, n] uint8 or None
-        self.tree_n = 0 if tree is None else tree.shape[-1]
         self.verify = verify
 
     def attend(self, q, k, v, k_buffer, v_buffer, sm_scale: float) -> torch.Tensor:
         """Store this step's K/V rows, attend; q [T, H * D] fp32 contiguous, k/v [T, Hkv * D*]
         fp32 rows with unit inner stride. Returns o [T, H * Dv] fp32."""
-        rows, size = k.shape[0], k.element_size()
-        kr, vr = k_buffer[0].numel(), v_buffer[0].numel()
-        _native.store_kv(k_buffer.data_ptr(), v_buffer.data_ptr(), k.data_ptr(), v.data_ptr(),
-                         k.stride(0) * size, v.stride(0) * size, self.cache_loc.data_ptr(), rows,
-                         kr * size, vr * size, k_buffer.shape[0])
-        hkv, d, dv = k_buffer.shape[1], k_buffer.shape[2], v_buffer.shape[2]
+        _store_kv(k_buffer, v_buffer, k, v, self.cache_loc, native=True)
+        rows, d, dv = q.shape[0], k_buffer.shape[2], v_buffer.shape[2]
         heads = q.shape[1] // d
-        o = torch.empty(rows, heads * dv)
-        fresh_k = fresh_v = None
-        if self.verify:  # as extend_attention_cpu: the op's own K/V, [T, Hkv, D*] contiguous
-            fresh_k, fresh_v = k.contiguous(), v.contiguous()
-        longs, tree = self.longs, self.tree
-        _native.attend(q.data_ptr(), o.data_ptr(), k_buffer.data_ptr(), v_buffer.data_ptr(),
-                       0 if fresh_k is None else fresh_k.data_ptr(),
-                       0 if fresh_v is None else fresh_v.data_ptr(),
-                       self.req_to_token.data_ptr(), *(x.data_ptr() for x in longs),
-                       0 if tree is None else tree.data_ptr(), self.tree_n, longs[0].shape[0],
-                       heads, hkv, d, dv, self.req_to_token.stride(0), float(sm_scale), 0.0,
-                       k_buffer.dtype == torch.bfloat16, True, kernel_threads())
-        return o
+        o = torch.empty(rows, heads, dv)
+        fresh = (k, v) if self.verify else (None, None)  # as extend_attention_cpu: the op's own
+        _native_call(q.view(rows, heads, d), o, k_buffer, v_buffer, self.req_to_token,
+                     self.longs, sm_scale, 0.0, True, *fresh, tree=self.tree)
+        return o.view(rows, heads * dv)
 
 
 def plan_step(backend, forward_batch, k_buffer, v_buffer, tokens: int):

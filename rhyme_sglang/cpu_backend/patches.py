@@ -33,7 +33,7 @@ Applied by :mod:`.bootstrap` right after the target module executes, only while 
   DECODE or TARGET_VERIFY batch runs the same kernels without sglang's per-layer dispatch
   (:mod:`.lean_forward`; ``RHYME_CPU_LEAN=off`` keeps sglang's path). The attention backend
   also calls our attention functions directly instead of through the boxed
-  ``torch.ops.sgl_kernel`` dispatcher (``ragged_verify_metadata`` below).
+  ``torch.ops.sgl_kernel`` dispatcher (``direct_attention_calls``).
 * ``repack_after_weight_updates``
   (``sglang.srt.model_executor.model_runner_components.weight_updater``): every in-place
   weight update marks the packs of :mod:`.linear` stale.
@@ -216,7 +216,6 @@ def ragged_verify_metadata(amx_backend) -> None:
     _build_extend_metadata.__name__ = "_build_extend_metadata"
     cls._build_extend_metadata = _build_extend_metadata
     APPLIED.add("ragged_verify_metadata")
-    direct_attention_calls(cls)
 
 
 def direct_attention_calls(cls) -> None:
@@ -236,6 +235,11 @@ def direct_attention_calls(cls) -> None:
     APPLIED.add("direct_attention_calls")
 
 
+def intel_amx_backend_patches(amx_backend) -> None:
+    ragged_verify_metadata(amx_backend)
+    direct_attention_calls(amx_backend.IntelAMXAttnBackend)
+
+
 def lean_cpu_forward(models_module) -> None:
     from rhyme_sglang.cpu_backend import lean_forward
 
@@ -250,7 +254,7 @@ _BY_MODULE = {
     "sglang.srt.layers.quantization.unquant": packed_cpu_linear,
     "sglang.srt.layers.logits_processor": packed_cpu_lm_head,
     "sglang.srt.model_executor.model_runner_components.weight_updater": repack_after_weight_updates,
-    "sglang.srt.layers.attention.intel_amx_backend": ragged_verify_metadata,
+    "sglang.srt.layers.attention.intel_amx_backend": intel_amx_backend_patches,
     "sglang.srt.layers.layernorm": native_cpu_rmsnorm,
     "sglang.srt.layers.rotary_embedding.base": native_cpu_rotary,
     "sglang.srt.models.llama": lean_cpu_forward,
