@@ -1,6 +1,7 @@
 """Build script for the optional native modules: the suffix trie (rhyme_sglang.core._rhyme_native),
 the paged CPU attention (rhyme_sglang.cpu_backend._rhyme_attention), the few-row CPU products
-(rhyme_sglang.cpu_backend._rhyme_gemm) and the CPU norms and rotary (..._rhyme_ops).
+(rhyme_sglang.cpu_backend._rhyme_gemm), the CPU norms, rotary and SiLU (..._rhyme_ops) and the
+decoder step that calls them all from one loop (..._rhyme_step).
 
 Metadata lives in pyproject.toml. The extension is optional: if it cannot be compiled the package
 still installs: `rhyme_sglang.core.native` falls back to the pure-Python trie with a warning, and the
@@ -34,6 +35,8 @@ else:
                 "rhyme_sglang/cpu_backend/_native/skinny_gemm.cpp", contract="fast"),
         _native("rhyme_sglang.cpu_backend._rhyme_ops",
                 "rhyme_sglang/cpu_backend/_native/small_ops.cpp"),
+        _native("rhyme_sglang.cpu_backend._rhyme_step",
+                "rhyme_sglang/cpu_backend/_native/decoder_step.cpp"),
     ]
 
 setup(ext_modules=ext_modules)

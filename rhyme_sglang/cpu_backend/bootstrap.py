@@ -38,6 +38,7 @@ _PATCHED_MODULES = (
     "sglang.srt.layers.attention.intel_amx_backend",
     "sglang.srt.layers.layernorm",
     "sglang.srt.layers.rotary_embedding.base",
+    "sglang.srt.layers.activation",
     "sglang.srt.models.llama",
     "sglang.srt.models.qwen2",
 )  # the keys of ``patches._BY_MODULE`` (kept apart so start-up imports nothing more)

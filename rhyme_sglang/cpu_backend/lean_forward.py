@@ -7,14 +7,15 @@ the patched quant method, ``RadixAttention`` and a boxed ``torch.ops`` call into
 On a GPU CUDA graphs hide this; a CPU eager step pays it on every layer.
 
 :func:`forward` computes what ``LlamaModel.forward`` (or ``Qwen2Model.forward``) computes,
-layer by layer, calling **the
-same kernels** the patched sglang path reaches (:mod:`.small_ops` norms and rotary,
-:func:`.linear.linear` with each layer's measured kernel choice, the attention backend's own
-``forward_decode``/``forward_extend``, ``F.silu * up``) in the same order, so its outputs are
-the same bits. It applies only where every piece is the plain one (:func:`model_fits`: one
-rank, unquantized fp32 CPU weights, no LoRA, the plain norm and rotary, sglang's ``intel_amx``
-backend on our stand-in ops) and only to DECODE and TARGET_VERIFY batches; prefill and anything
-else keeps sglang's path.
+layer by layer, calling **the same kernels** the patched sglang path reaches (:mod:`.small_ops`
+norms, rotary and SiLU-and-mul, :func:`.linear.linear` with each layer's measured kernel choice,
+the native paged attention through an :class:`.attention.StepPlan` or else the backend's own
+``forward``) in the same order, so its outputs are the same bits. Where every one of those
+kernels is native, :mod:`.native_step` runs the same calls from one C++ loop instead. It applies
+only where every piece is the plain one (:func:`model_fits`: one rank, unquantized fp32 CPU
+weights, no LoRA, the plain norm and rotary, sglang's ``intel_amx`` backend on our stand-in
+ops) and only to DECODE and TARGET_VERIFY batches; prefill and anything else keeps sglang's
+path.
 
 ``RHYME_CPU_LEAN``: ``on`` (default), ``off`` (sglang's path everywhere), ``check`` (both paths
 on every lean-eligible forward, raising if their hidden states differ in any bit: for tests).
@@ -30,7 +31,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from rhyme_sglang.cpu_backend import attention, linear, small_ops
+from rhyme_sglang.cpu_backend import attention, linear, native_step, small_ops
 
 logger = logging.getLogger(__name__)
 MODE_ENV = "RHYME_CPU_LEAN"
@@ -184,9 +185,11 @@ def _attention(step: _Step, layer, positions, x, forward_batch, backend) -> torc
     return _linear(attn.o_proj, out)
 
 
-def _mlp(layer, x: torch.Tensor) -> torch.Tensor:
+def _mlp(step: _Step, layer, x: torch.Tensor) -> torch.Tensor:
     mlp = layer.mlp
     gate_up = _linear(mlp.gate_up_proj, x)  # [T, 2 I]
+    if step.native and small_ops.silu_mul_fits(gate_up):  # as the patched SiluAndMul
+        return _linear(mlp.down_proj, small_ops.silu_mul(gate_up))
     d = gate_up.shape[-1] // 2
     return _linear(mlp.down_proj, F.silu(gate_up[..., :d]) * gate_up[..., d:])
 
@@ -198,11 +201,14 @@ def forward(model, input_ids: torch.Tensor, positions: torch.Tensor,
     from sglang.srt.model_executor.forward_context import get_attn_backend
 
     backend = get_attn_backend()
-    hidden = model.embed_tokens(input_ids)  # [T, hidden]
     first = model.layers[model.start_layer].self_attn.attn.layer_id
     pool = backend.token_to_kv_pool
     plan = attention.plan_step(backend, forward_batch, pool.get_key_buffer(first),
                                pool.get_value_buffer(first), input_ids.numel())
+    out = native_step.run(model, input_ids, positions, pool, plan)
+    if out is not None:
+        return out
+    hidden = model.embed_tokens(input_ids)  # [T, hidden]
     step = _Step(hidden, plan)
     residual = None
     for i in range(model.start_layer, model.end_layer):
@@ -213,7 +219,7 @@ def forward(model, input_ids: torch.Tensor, positions: torch.Tensor,
             x, residual = step.norm(layer.input_layernorm, hidden, residual)
         hidden = _attention(step, layer, positions, x, forward_batch, backend)
         x, residual = step.norm(layer.post_attention_layernorm, hidden, residual)
-        hidden = _mlp(layer, x)
+        hidden = _mlp(step, layer, x)
     if residual is None:
         return step.norm(model.norm, hidden, None)
     return step.norm(model.norm, hidden, residual)[0]

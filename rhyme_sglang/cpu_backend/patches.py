@@ -171,6 +171,23 @@ def native_cpu_rotary(rotary_base) -> None:
     APPLIED.add("native_cpu_rotary")
 
 
+def native_cpu_silu_mul(activation) -> None:
+    """sglang's ``SiluAndMul`` on fp32 CPU rows through :func:`.small_ops.silu_mul`, the kernel
+    the lean forward uses too (so ``RHYME_CPU_LEAN=check`` compares the same arithmetic)."""
+    from rhyme_sglang.cpu_backend import small_ops
+
+    op = activation.SiluAndMul
+    original = op.forward_native
+
+    def forward_native(self, x):
+        if not small_ops.enabled() or not small_ops.silu_mul_fits(x):
+            return original(self, x)
+        return small_ops.silu_mul(x)
+
+    op.forward_native = forward_native
+    APPLIED.add("native_cpu_silu_mul")
+
+
 _UPDATE_METHODS = ("update_weights_from_disk", "update_weights_from_tensor",
                    "load_weights_from_distributed", "end_weight_update",
                    "update_weights_from_ipc")
@@ -257,6 +274,7 @@ _BY_MODULE = {
     "sglang.srt.layers.attention.intel_amx_backend": intel_amx_backend_patches,
     "sglang.srt.layers.layernorm": native_cpu_rmsnorm,
     "sglang.srt.layers.rotary_embedding.base": native_cpu_rotary,
+    "sglang.srt.layers.activation": native_cpu_silu_mul,
     "sglang.srt.models.llama": lean_cpu_forward,
     "sglang.srt.models.qwen2": lean_cpu_forward,
 }

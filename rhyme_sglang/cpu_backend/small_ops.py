@@ -1,13 +1,16 @@
-"""RMSNorm and rotary embedding for CPU steps, one native call each (``_native/small_ops.cpp``).
+"""RMSNorm, rotary embedding and SiLU-and-mul for CPU steps, one native call each
+(``_native/small_ops.cpp``).
 
 sglang's CPU path without its AMX kernels runs ``RMSNorm.forward_native`` (7-9 PyTorch ops) and
-``RotaryEmbedding.forward_native`` (~25 ops) twice and once a layer. At decode's few rows every
+``RotaryEmbedding.forward_native`` (~25 ops) twice and once a layer, and ``SiluAndMul`` (3 ops
+and a copy). At decode's few rows every
 op is dispatch overhead. The patches in :mod:`.patches` send the calls these functions can take
 (fp32 CPU tensors, the plain variants) here and leave the rest to sglang.
 
 Each row is computed on its own, so the ops keep the row invariance of the native GEMM and
 attention. Results equal sglang's within float rounding (the norm sums its squares in another
-order; the rotary rounds exactly as PyTorch's separate products and sums do).
+order; the rotary rounds exactly as PyTorch's separate products and sums do; SiLU's exp is a
+polynomial good to ~1e-7 relative).
 ``RHYME_CPU_SMALL_OPS=torch`` keeps sglang's ops everywhere.
 """
 
@@ -98,3 +101,17 @@ def rotary(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
                        cos_sin_cache.shape[0], tokens, query.numel() // (tokens * head_size),
                        key.numel() // (tokens * head_size), head_size, rotary_dim, bool(neox))
     return q_out, k_out
+
+
+def silu_mul_fits(x: torch.Tensor) -> bool:
+    return x.dim() >= 1 and x.shape[-1] % 2 == 0 and x.shape[-1] > 0 and _fp32_cpu(x)
+
+
+def silu_mul(x: torch.Tensor) -> torch.Tensor:
+    """``F.silu(x[..., :d]) * x[..., d:]`` for a fused gate/up ``x`` of last dim 2d."""
+    d = x.shape[-1] // 2
+    out = torch.empty(x.shape[:-1] + (d,), dtype=x.dtype)
+    rows = x.numel() // (2 * d)
+    if rows:
+        _native.silu_mul(x.data_ptr(), out.data_ptr(), rows, d)
+    return out

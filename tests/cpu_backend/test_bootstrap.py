@@ -104,12 +104,14 @@ def test_patches_apply_in_a_fresh_process():
         from sglang.srt.model_executor.model_runner_components import weight_updater
         from sglang.srt.layers import layernorm
         from sglang.srt.layers.rotary_embedding import base
+        from sglang.srt.layers import activation
         from sglang.srt.models import llama
         from rhyme_sglang.cpu_backend import linear, patches
         assert patches.APPLIED == {"keep_intel_amx_attention", "lossless_sampling_verify",
                                    "fast_cpu_sampling", "packed_cpu_linear", "packed_cpu_lm_head",
                                    "repack_after_weight_updates", "native_cpu_rmsnorm",
-                                   "native_cpu_rotary", "lean_cpu_forward"}, patches.APPLIED
+                                   "native_cpu_rotary", "native_cpu_silu_mul",
+                                   "lean_cpu_forward"}, patches.APPLIED
         # every weight-update entry point marks the packs stale, even when it fails
         for name in patches._UPDATE_METHODS:
             before = linear.generation()

@@ -141,3 +141,30 @@ def test_patched_sglang_layers_equal_their_own_ops():
         print("ok")
     """)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("d", [1, 7, 8, 13, 64])
+def test_silu_mul_matches_torch_and_keeps_rows_apart(d):
+    """``silu(gate) * up`` within float rounding of PyTorch's (its exp is a ~1e-7 polynomial),
+    finite for large |gate| (no overflow of exp), and each row's bits independent of the others
+    (the verify rows of a step equal the decode rows)."""
+    gen = torch.Generator().manual_seed(d)
+    x = torch.randn(5, 2 * d, generator=gen) * 4
+    x[0, 0] = 100.0  # exp(-100) underflows to 0: silu = gate
+    x[1, 0] = -100.0  # silu -> -0
+    if d > 1:
+        x[2, 1] = -90.0
+    assert small_ops.silu_mul_fits(x)
+    got = small_ops.silu_mul(x)
+    expected = torch.nn.functional.silu(x[:, :d]) * x[:, d:]
+    assert got.shape == (5, d) and torch.isfinite(got).all()
+    torch.testing.assert_close(got, expected, rtol=2e-6, atol=1e-6)
+    for r in range(5):
+        assert torch.equal(small_ops.silu_mul(x[r:r + 1].clone())[0], got[r])
+    assert small_ops.silu_mul(torch.empty(0, 2 * d)).shape == (0, d)
+
+
+def test_silu_mul_fits_only_fp32_cpu_even_rows():
+    assert not small_ops.silu_mul_fits(torch.randn(2, 7))
+    assert not small_ops.silu_mul_fits(torch.randn(2, 8, dtype=torch.bfloat16))
+    assert not small_ops.silu_mul_fits(torch.randn(8, 2).t())  # not contiguous

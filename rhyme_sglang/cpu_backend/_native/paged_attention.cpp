@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels.h"
 #include "parts.h"
 #include "vec.h"
 
@@ -107,31 +108,6 @@ inline void load_row(const void* base, int64_t index, int64_t n, bool bf16, floa
     } else {
         std::memcpy(dst, static_cast<const float*>(base) + index * n, n * sizeof(float));
     }
-}
-
-// exp(x) lane by lane for x <= 0 (scores minus their row maximum): Cody-Waite reduction to
-// r in [-ln2/2, ln2/2], a degree-6 Taylor polynomial (relative error ~1e-7), and the power of
-// two through the exponent bits; x below -87 gives 0. Each lane's result depends only on its x.
-inline v8f exp8(v8f x) {
-    const v8f lo = splat(-87.f);
-    v8i dead = x < lo;
-    x = x < lo ? lo : x;
-    const v8f shift = splat(12582912.f);  // 1.5 * 2^23: adding it rounds to an integer
-    v8f n = (x * splat(1.44269504088896341f) + shift) - shift;
-    v8f r = x - n * splat(0.693359375f);
-    r = r - n * splat(-2.12194440e-4f);
-    v8f p = splat(1.f / 720.f);
-    p = p * r + splat(1.f / 120.f);
-    p = p * r + splat(1.f / 24.f);
-    p = p * r + splat(1.f / 6.f);
-    p = p * r + splat(0.5f);
-    p = p * r + splat(1.f);
-    p = p * r + splat(1.f);
-    v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
-    v8f scale;
-    std::memcpy(&scale, &bits, sizeof scale);
-    v8f out = p * scale;
-    return dead ? splat(0.f) : out;
 }
 
 struct Shapes {
@@ -324,28 +300,25 @@ void attend_request(const Shapes& s, const float* q, float* o, const void* k_cac
 // ext_lens[b], starts[b] (first query row in q / o, and first row of k_new / v_new).
 // With threads > 1 the requests are split into runs of similar work, several per thread (a
 // request is never split, so its arithmetic does not depend on the thread count).
-void attend(uintptr_t q, uintptr_t o, uintptr_t k_cache, uintptr_t v_cache, uintptr_t k_new,
-            uintptr_t v_new, uintptr_t req_to_token, uintptr_t pool_rows, uintptr_t seq_lens,
-            uintptr_t ext_lens, uintptr_t starts, uintptr_t tree, int64_t tree_n, int64_t batch,
-            int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t v_dim,
-            int64_t r2t_stride, double scale, double logit_cap, bool kv_bf16, bool causal,
-            int64_t threads) {
+// Called without the GIL (the Python wrapper below releases it; the decoder step calls it
+// directly).
+void attend_kernel(const float* q, float* o, const void* k_cache, const void* v_cache, const void* k_new,
+                   const void* v_new, const int32_t* r2t, const int64_t* rows, const int64_t* lens,
+                   const int64_t* exts, const int64_t* first, const uint8_t* tree, int64_t tree_n,
+                   int64_t batch, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t v_dim,
+                   int64_t r2t_stride, double scale, double logit_cap, bool kv_bf16, bool causal,
+                   int64_t threads) {
     if (kv_heads <= 0 || heads % kv_heads != 0)
         throw std::invalid_argument("heads must be a multiple of kv_heads");
     const Shapes s{heads, kv_heads, head_dim, v_dim, static_cast<float>(scale),
                    static_cast<float>(logit_cap), kv_bf16, causal};
-    const auto* rows = reinterpret_cast<const int64_t*>(pool_rows);
-    const auto* lens = reinterpret_cast<const int64_t*>(seq_lens);
-    const auto* exts = reinterpret_cast<const int64_t*>(ext_lens);
-    const auto* first = reinterpret_cast<const int64_t*>(starts);
-    const auto* r2t = reinterpret_cast<const int32_t*>(req_to_token);
     const size_t kv_elem = kv_bf16 ? 2 : 4;
     std::vector<double> work(static_cast<size_t>(batch) + 1, 0.0);  // prefix sums of the cost
     for (int64_t b = 0; b < batch; ++b) {
         if (exts[b] > 0 && lens[b] < exts[b])
             throw std::invalid_argument("seq_len " + std::to_string(lens[b]) +
                                         " is shorter than its extend length " + std::to_string(exts[b]));
-        if (tree != 0 && exts[b] > tree_n)
+        if (tree != nullptr && exts[b] > tree_n)
             throw std::invalid_argument("a request of a tree batch extends by more than its tree's n");
         work[b + 1] = work[b] + (exts[b] > 0 ? static_cast<double>(lens[b]) * exts[b] : 0.0);
     }
@@ -354,16 +327,13 @@ void attend(uintptr_t q, uintptr_t o, uintptr_t k_cache, uintptr_t v_cache, uint
             const int64_t ext = exts[b];
             if (ext <= 0) continue;
             const int64_t start = first[b];
-            const uint8_t* tree_b = tree ? reinterpret_cast<const uint8_t*>(tree) + b * tree_n * tree_n : nullptr;
-            const char* kn = k_new ? reinterpret_cast<const char*>(k_new) + start * kv_heads * head_dim * kv_elem : nullptr;
-            const char* vn = v_new ? reinterpret_cast<const char*>(v_new) + start * kv_heads * v_dim * kv_elem : nullptr;
-            attend_request(s, reinterpret_cast<const float*>(q) + start * heads * head_dim,
-                           reinterpret_cast<float*>(o) + start * heads * v_dim,
-                           reinterpret_cast<const void*>(k_cache), reinterpret_cast<const void*>(v_cache),
+            const uint8_t* tree_b = tree ? tree + b * tree_n * tree_n : nullptr;
+            const char* kn = k_new ? static_cast<const char*>(k_new) + start * kv_heads * head_dim * kv_elem : nullptr;
+            const char* vn = v_new ? static_cast<const char*>(v_new) + start * kv_heads * v_dim * kv_elem : nullptr;
+            attend_request(s, q + start * heads * head_dim, o + start * heads * v_dim, k_cache, v_cache,
                            kn, vn, r2t + rows[b] * r2t_stride, lens[b], ext, tree_b, tree_n);
         }
     };
-    py::gil_scoped_release release;
     const int64_t parts = rhyme_parts::parts_for(batch, threads);
     if (parts <= 1) {
         run(0, batch);
@@ -383,23 +353,49 @@ void attend(uintptr_t q, uintptr_t o, uintptr_t k_cache, uintptr_t v_cache, uint
 // bytes apart, so a row view of a fused projection needs no copy) goes to pool row loc[i] of
 // k_cache / v_cache (k_row / v_row bytes a row, the cache's dtype). One call for both, in
 // place of two index_put ops a layer.
-void store_kv(uintptr_t k_cache, uintptr_t v_cache, uintptr_t k_src, uintptr_t v_src,
-              int64_t k_src_stride, int64_t v_src_stride, uintptr_t loc, int64_t rows,
-              int64_t k_row, int64_t v_row, int64_t capacity) {
-    const auto* at = reinterpret_cast<const int64_t*>(loc);
+void store_kv_kernel(void* k_cache, void* v_cache, const void* k_src, const void* v_src,
+                     int64_t k_src_stride, int64_t v_src_stride, const int64_t* at, int64_t rows,
+                     int64_t k_row, int64_t v_row, int64_t capacity) {
     for (int64_t i = 0; i < rows; ++i)
         if (at[i] < 0 || at[i] >= capacity)
             throw std::invalid_argument("cache location " + std::to_string(at[i]) +
                                         " is outside the pool's " + std::to_string(capacity) + " rows");
-    auto* kc = reinterpret_cast<char*>(k_cache);
-    auto* vc = reinterpret_cast<char*>(v_cache);
-    const auto* ks = reinterpret_cast<const char*>(k_src);
-    const auto* vs = reinterpret_cast<const char*>(v_src);
+    auto* kc = static_cast<char*>(k_cache);
+    auto* vc = static_cast<char*>(v_cache);
+    const auto* ks = static_cast<const char*>(k_src);
+    const auto* vs = static_cast<const char*>(v_src);
     for (int64_t i = 0; i < rows; ++i) {
         std::memcpy(kc + at[i] * k_row, ks + i * k_src_stride, static_cast<size_t>(k_row));
         std::memcpy(vc + at[i] * v_row, vs + i * v_src_stride, static_cast<size_t>(v_row));
     }
 }
+
+template <typename T>
+const T* as(uintptr_t p) { return reinterpret_cast<const T*>(p); }
+
+void attend(uintptr_t q, uintptr_t o, uintptr_t k_cache, uintptr_t v_cache, uintptr_t k_new,
+            uintptr_t v_new, uintptr_t req_to_token, uintptr_t pool_rows, uintptr_t seq_lens,
+            uintptr_t ext_lens, uintptr_t starts, uintptr_t tree, int64_t tree_n, int64_t batch,
+            int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t v_dim,
+            int64_t r2t_stride, double scale, double logit_cap, bool kv_bf16, bool causal,
+            int64_t threads) {
+    py::gil_scoped_release release;
+    attend_kernel(as<float>(q), reinterpret_cast<float*>(o), as<void>(k_cache), as<void>(v_cache),
+                  as<void>(k_new), as<void>(v_new), as<int32_t>(req_to_token), as<int64_t>(pool_rows),
+                  as<int64_t>(seq_lens), as<int64_t>(ext_lens), as<int64_t>(starts), as<uint8_t>(tree),
+                  tree_n, batch, heads, kv_heads, head_dim, v_dim, r2t_stride, scale, logit_cap, kv_bf16,
+                  causal, threads);
+}
+
+void store_kv(uintptr_t k_cache, uintptr_t v_cache, uintptr_t k_src, uintptr_t v_src,
+              int64_t k_src_stride, int64_t v_src_stride, uintptr_t loc, int64_t rows,
+              int64_t k_row, int64_t v_row, int64_t capacity) {
+    store_kv_kernel(reinterpret_cast<void*>(k_cache), reinterpret_cast<void*>(v_cache), as<void>(k_src),
+                    as<void>(v_src), k_src_stride, v_src_stride, as<int64_t>(loc), rows, k_row, v_row,
+                    capacity);
+}
+
+const rhyme_kernels::Attention kKernels{rhyme_kernels::kVersion, &attend_kernel, &store_kv_kernel};
 
 }  // namespace
 
@@ -408,4 +404,5 @@ PYBIND11_MODULE(_rhyme_attention, m) {
     m.doc() = "Paged CPU attention over sglang's KV pool (see paged_attention.cpp)";
     m.def("attend", &attend);
     m.def("store_kv", &store_kv);
+    m.attr("_kernels") = py::capsule(&kKernels, "rhyme_kernels::Attention");
 }

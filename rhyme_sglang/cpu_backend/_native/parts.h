@@ -10,7 +10,8 @@
 // caller runs its parts instead of waiting for it at a join. So callers split the work into
 // more parts than threads (several per thread), each small.
 //
-// Between jobs the workers spin for up to kSpinMicros, then sleep on a condition variable.
+// Between jobs the workers spin for up to kSpinMicros, then sleep on a condition variable; a
+// job wakes sleeping workers only (a broadcast is a syscall).
 // Calls are serialised (one job at a time), and a process forked from one that had workers
 // makes a pool of its own.
 #pragma once
@@ -31,11 +32,14 @@
 
 namespace rhyme_parts {
 
-constexpr int kSpinMicros = 50;
+constexpr int kSpinMicros = 1000;
 
-// Spins a little before sleeping (yielding now and then, for threads that share the core):
-// the next call of a model step usually comes within tens of microseconds, and waking a
-// sleeping thread costs about as much as the work of a small call.
+// Spins before sleeping (yielding now and then, for threads that share the core): the next
+// call of a model step comes within tens to hundreds of microseconds (Python between kernels),
+// and waking a sleeping thread costs about as much as the work of a small call. 50 us let the
+// workers fall asleep inside a step: a batch-1 SmolLM2 step spent ~12% of its main thread in
+// the wake-up broadcast, and ran 44-63 ms against 38-55 ms with 1000 us (AVX2 EPYC, 2 kernel
+// threads, alternating runs, stop 37). After a step the workers sleep within 1 ms.
 inline bool spin_until(const std::function<bool()>& ready) {
     const auto stop = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
     for (int i = 1;; ++i) {
@@ -105,7 +109,7 @@ class Pool {
             next_.store(generation << 32);  // this job's claims start at part 0
             generation_.store(generation);  // under the mutex: a worker reads the job with it
         }
-        wake_.notify_all();
+        if (sleepers_.load() > 0) wake_.notify_all();  // a broadcast costs a syscall or more
         claim(generation, parts, guarded);
         if (!spin_until([&] { return finished_.load() == parts; })) {
             std::unique_lock<std::mutex> lock(mutex_);
@@ -140,7 +144,9 @@ class Pool {
         for (;;) {
             if (!spin_until([&] { return generation_.load() != seen; })) {
                 std::unique_lock<std::mutex> lock(mutex_);
+                ++sleepers_;  // under the mutex, so a caller that sets the generation after it sees it
                 wake_.wait(lock, [&] { return generation_.load() != seen; });
+                --sleepers_;
             }
             const std::function<void(int64_t)>* job;
             int64_t parts, helpers;
@@ -165,6 +171,7 @@ class Pool {
     std::atomic<uint64_t> generation_{0};
     std::atomic<uint64_t> next_{0};  // (generation << 32) | next part to claim
     std::atomic<int64_t> finished_{0};
+    std::atomic<int> sleepers_{0};  // workers waiting on wake_
     const std::function<void(int64_t)>* job_ = nullptr;
     int64_t parts_ = 0, helpers_ = 0;
 };

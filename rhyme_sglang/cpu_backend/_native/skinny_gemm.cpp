@@ -32,6 +32,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "kernels.h"
 #include "parts.h"
 #include "vec.h"
 
@@ -151,12 +152,13 @@ void pack(uintptr_t w, uintptr_t packed, int64_t n, int64_t k) {
 }
 
 // y [M, N] <- x [M, K] @ w^T (+ bias), w given packed; `threads` > 1 splits the panels
-// (into several parts per thread, claimed as the threads come free: parts.h).
-void gemm(uintptr_t x, uintptr_t packed, uintptr_t bias, uintptr_t y, int64_t m, int64_t n, int64_t k,
-          int64_t threads) {
+// (into several parts per thread, claimed as the threads come free: parts.h). Called without
+// the GIL (the Python wrapper below releases it; the decoder step calls it directly).
+void gemm_kernel(const float* x, const float* panels_ptr, const float* bias, float* y, int64_t m,
+                 int64_t n, int64_t k, int64_t threads) {
     if (m < 0 || n <= 0 || k <= 0) throw std::invalid_argument("gemm needs m >= 0, n > 0, k > 0");
-    const Problem p{reinterpret_cast<const float*>(x), reinterpret_cast<const float*>(packed),
-                    reinterpret_cast<const float*>(bias), reinterpret_cast<float*>(y), m, n, k};
+    if (m == 0) return;
+    const Problem p{x, panels_ptr, bias, y, m, n, k};
     const int64_t panels = (n + panel_width() - 1) / panel_width();
     auto run = [&](int64_t p0, int64_t p1) {
         switch (isa()) {
@@ -165,13 +167,20 @@ void gemm(uintptr_t x, uintptr_t packed, uintptr_t bias, uintptr_t y, int64_t m,
             default: panels_default(p, p0, p1); break;
         }
     };
-    if (m == 0) return;
-    py::gil_scoped_release release;
     const int64_t parts = rhyme_parts::parts_for(panels, threads);
     rhyme_parts::run_in_parts(parts, threads, [&](int64_t part) {
         run(panels * part / parts, panels * (part + 1) / parts);
     });
 }
+
+void gemm(uintptr_t x, uintptr_t packed, uintptr_t bias, uintptr_t y, int64_t m, int64_t n, int64_t k,
+          int64_t threads) {
+    py::gil_scoped_release release;
+    gemm_kernel(reinterpret_cast<const float*>(x), reinterpret_cast<const float*>(packed),
+                reinterpret_cast<const float*>(bias), reinterpret_cast<float*>(y), m, n, k, threads);
+}
+
+const rhyme_kernels::Gemm kKernels{rhyme_kernels::kVersion, &gemm_kernel};
 
 }  // namespace
 
@@ -182,4 +191,5 @@ PYBIND11_MODULE(_rhyme_gemm, m) {
     m.def("isa", &isa_name);
     m.def("pack", &pack);
     m.def("gemm", &gemm);
+    m.attr("_kernels") = py::capsule(&kKernels, "rhyme_kernels::Gemm");
 }

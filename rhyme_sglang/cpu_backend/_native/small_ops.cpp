@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels.h"
 #include "vec.h"
 
 namespace py = pybind11;
@@ -73,16 +74,21 @@ void rmsnorm_default(const float* x, const float* residual, const float* weight,
 }
 
 // out = rmsnorm(x [+ residual]) * weight; with a residual, residual_out = x + residual.
+void rmsnorm_kernel(const float* x, const float* residual, const float* weight, float* out,
+                    float* residual_out, int64_t rows, int64_t n, float eps) {
+    if (rows < 0 || n <= 0) throw std::invalid_argument("rmsnorm needs rows >= 0 and n > 0");
+    if (residual != nullptr && residual_out == nullptr)
+        throw std::invalid_argument("a residual needs residual_out");
+    static const bool avx2 = __builtin_cpu_supports("avx2");
+    (avx2 ? rmsnorm_avx2 : rmsnorm_default)(x, residual, weight, out, residual_out, rows, n, eps);
+}
+
 void rmsnorm(uintptr_t x, uintptr_t residual, uintptr_t weight, uintptr_t out, uintptr_t residual_out,
              int64_t rows, int64_t n, double eps) {
-    if (rows < 0 || n <= 0) throw std::invalid_argument("rmsnorm needs rows >= 0 and n > 0");
-    if (residual != 0 && residual_out == 0) throw std::invalid_argument("a residual needs residual_out");
-    static const bool avx2 = __builtin_cpu_supports("avx2");
-    auto* fn = avx2 ? rmsnorm_avx2 : rmsnorm_default;
     py::gil_scoped_release release;
-    fn(reinterpret_cast<const float*>(x), reinterpret_cast<const float*>(residual),
-       reinterpret_cast<const float*>(weight), reinterpret_cast<float*>(out),
-       reinterpret_cast<float*>(residual_out), rows, n, static_cast<float>(eps));
+    rmsnorm_kernel(reinterpret_cast<const float*>(x), reinterpret_cast<const float*>(residual),
+                   reinterpret_cast<const float*>(weight), reinterpret_cast<float*>(out),
+                   reinterpret_cast<float*>(residual_out), rows, n, static_cast<float>(eps));
 }
 
 // Rotary embedding of `heads` heads of head_size floats per token: token t's heads start at
@@ -111,30 +117,80 @@ void rotate_rows(const float* src, int64_t src_stride, float* dst, const int64_t
     }
 }
 
-void rotary(uintptr_t positions, uintptr_t q, int64_t q_stride, uintptr_t k, int64_t k_stride,
-            uintptr_t q_out, uintptr_t k_out, uintptr_t cos_sin, int64_t table_rows, int64_t tokens,
-            int64_t q_heads, int64_t k_heads, int64_t head_size, int64_t rot_dim, bool neox) {
+void rotary_kernel(const int64_t* pos, const float* q, int64_t q_stride, const float* k, int64_t k_stride,
+                   float* q_out, float* k_out, const float* table, int64_t table_rows, int64_t tokens,
+                   int64_t q_heads, int64_t k_heads, int64_t head_size, int64_t rot_dim, bool neox) {
     if (tokens < 0 || head_size <= 0 || rot_dim <= 0 || rot_dim > head_size || rot_dim % 2)
         throw std::invalid_argument("rotary needs 0 < rot_dim <= head_size, rot_dim even");
     if (q_stride < q_heads * head_size || k_stride < k_heads * head_size)
         throw std::invalid_argument("a row stride is shorter than its row");
-    const auto* pos = reinterpret_cast<const int64_t*>(positions);
     for (int64_t t = 0; t < tokens; ++t)
         if (pos[t] < 0 || pos[t] >= table_rows)
             throw std::out_of_range("position " + std::to_string(pos[t]) + " is outside the rotary table of " +
                                     std::to_string(table_rows) + " positions");
-    const auto* table = reinterpret_cast<const float*>(cos_sin);
-    py::gil_scoped_release release;
-    rotate_rows(reinterpret_cast<const float*>(q), q_stride, reinterpret_cast<float*>(q_out), pos, table,
-                tokens, q_heads, head_size, rot_dim, neox);
-    rotate_rows(reinterpret_cast<const float*>(k), k_stride, reinterpret_cast<float*>(k_out), pos, table,
-                tokens, k_heads, head_size, rot_dim, neox);
+    rotate_rows(q, q_stride, q_out, pos, table, tokens, q_heads, head_size, rot_dim, neox);
+    rotate_rows(k, k_stride, k_out, pos, table, tokens, k_heads, head_size, rot_dim, neox);
 }
+
+void rotary(uintptr_t positions, uintptr_t q, int64_t q_stride, uintptr_t k, int64_t k_stride,
+            uintptr_t q_out, uintptr_t k_out, uintptr_t cos_sin, int64_t table_rows, int64_t tokens,
+            int64_t q_heads, int64_t k_heads, int64_t head_size, int64_t rot_dim, bool neox) {
+    py::gil_scoped_release release;
+    rotary_kernel(reinterpret_cast<const int64_t*>(positions), reinterpret_cast<const float*>(q), q_stride,
+                  reinterpret_cast<const float*>(k), k_stride, reinterpret_cast<float*>(q_out),
+                  reinterpret_cast<float*>(k_out), reinterpret_cast<const float*>(cos_sin), table_rows,
+                  tokens, q_heads, k_heads, head_size, rot_dim, neox);
+}
+
+// SiLU-and-mul of a fused gate/up row: out[r][i] = silu(x[r][i]) * x[r][d + i], with
+// silu(g) = g * sigmoid(g) and sigmoid from e = exp(-|g|) (exp8 of vec.h, ~1e-7 relative), so
+// nothing overflows: 1 / (1 + e) for g >= 0, e / (1 + e) below. Each element depends only on
+// its own two inputs; a row's tail goes through the same vector code, one lane used.
+[[gnu::always_inline]] inline v8f silu8(v8f g) {
+    const v8f zero = splatv<v8f>(0.f), one = splatv<v8f>(1.f);
+    const v8f e = exp8(g < zero ? g : -g);
+    return g * (g >= zero ? one / (one + e) : e / (one + e));
+}
+
+[[gnu::always_inline]] inline void silu_mul_rows(const float* x, float* out, int64_t rows, int64_t d) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const float* gate = x + r * 2 * d;
+        const float* up = gate + d;
+        float* o = out + r * d;
+        int64_t i = 0;
+        for (; i + 8 <= d; i += 8) storev<v8f>(o + i, silu8(loadv<v8f>(gate + i)) * loadv<v8f>(up + i));
+        for (; i < d; ++i) {
+            alignas(32) float lane[8] = {gate[i]};
+            o[i] = silu8(loadv<v8f>(lane))[0] * up[i];
+        }
+    }
+}
+
+__attribute__((target("avx2"))) void silu_mul_avx2(const float* x, float* out, int64_t rows, int64_t d) {
+    silu_mul_rows(x, out, rows, d);
+}
+
+void silu_mul_default(const float* x, float* out, int64_t rows, int64_t d) { silu_mul_rows(x, out, rows, d); }
+
+void silu_mul_kernel(const float* x, float* out, int64_t rows, int64_t d) {
+    if (rows < 0 || d <= 0) throw std::invalid_argument("silu_mul needs rows >= 0 and d > 0");
+    static const bool avx2 = __builtin_cpu_supports("avx2");
+    (avx2 ? silu_mul_avx2 : silu_mul_default)(x, out, rows, d);
+}
+
+void silu_mul(uintptr_t x, uintptr_t out, int64_t rows, int64_t d) {
+    py::gil_scoped_release release;
+    silu_mul_kernel(reinterpret_cast<const float*>(x), reinterpret_cast<float*>(out), rows, d);
+}
+
+const rhyme_kernels::Ops kKernels{rhyme_kernels::kVersion, &rmsnorm_kernel, &rotary_kernel, &silu_mul_kernel};
 
 }  // namespace
 
 PYBIND11_MODULE(_rhyme_ops, m) {
-    m.doc() = "RMSNorm and rotary embedding for few-row CPU steps (see small_ops.cpp)";
+    m.doc() = "RMSNorm, rotary embedding and SiLU-and-mul for few-row CPU steps (see small_ops.cpp)";
     m.def("rmsnorm", &rmsnorm);
     m.def("rotary", &rotary);
+    m.def("silu_mul", &silu_mul);
+    m.attr("_kernels") = py::capsule(&kKernels, "rhyme_kernels::Ops");
 }

@@ -1,5 +1,5 @@
 // Portable SIMD helpers shared by the CPU kernels: GCC vector types of 8 and 16 floats, and
-// load / store / broadcast for either. Each kernel instantiates its templates inside functions
+// load / store / broadcast for either, and exp of 8 non-positive floats. Each kernel instantiates its templates inside functions
 // built for one ISA (target attributes), so the same source compiles to ymm or zmm code.
 #pragma once
 
@@ -40,6 +40,31 @@ template <>
 [[gnu::always_inline]] inline v16f splatv<v16f>(float x) {
     const v16f v = {x};
     return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+}
+
+// exp(x) lane by lane for x <= 0 (scores minus their row maximum): Cody-Waite reduction to
+// r in [-ln2/2, ln2/2], a degree-6 Taylor polynomial (relative error ~1e-7), and the power of
+// two through the exponent bits; x below -87 gives 0. Each lane's result depends only on its x.
+[[gnu::always_inline]] inline v8f exp8(v8f x) {
+    const v8f lo = splatv<v8f>(-87.f);
+    v8i dead = x < lo;
+    x = x < lo ? lo : x;
+    const v8f shift = splatv<v8f>(12582912.f);  // 1.5 * 2^23: adding it rounds to an integer
+    v8f n = (x * splatv<v8f>(1.44269504088896341f) + shift) - shift;
+    v8f r = x - n * splatv<v8f>(0.693359375f);
+    r = r - n * splatv<v8f>(-2.12194440e-4f);
+    v8f p = splatv<v8f>(1.f / 720.f);
+    p = p * r + splatv<v8f>(1.f / 120.f);
+    p = p * r + splatv<v8f>(1.f / 24.f);
+    p = p * r + splatv<v8f>(1.f / 6.f);
+    p = p * r + splatv<v8f>(0.5f);
+    p = p * r + splatv<v8f>(1.f);
+    p = p * r + splatv<v8f>(1.f);
+    v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
+    v8f scale;
+    std::memcpy(&scale, &bits, sizeof scale);
+    v8f out = p * scale;
+    return dead ? splatv<v8f>(0.f) : out;
 }
 
 }  // namespace rhyme_vec

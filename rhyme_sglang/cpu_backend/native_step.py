@@ -1,0 +1,153 @@
+"""The lean forward's decoder stack as one native call (``_native/decoder_step.cpp``).
+
+:func:`.lean_forward.forward` computes a DECODE or TARGET_VERIFY step layer by layer in
+Python, calling a native kernel ~10 times a layer. At batch 1 on a small model most of the
+step went to Python between those calls (argument handling, tensor allocation, dispatch: ~35-40%
+of a SmolLM2 batch-1 step, py-spy, stop 37). :func:`run` makes the same kernel calls, in the
+same order on the same inputs, from one C++ loop, so it returns the same bits.
+
+It applies where the Python loop would call only native kernels: every linear's measured
+choice for this row bucket is the native GEMM, the native norms, rotary and SiLU are on, and
+the attention has a :class:`.attention.StepPlan`. Anything else returns None and the Python
+loop runs. ``RHYME_CPU_STEP=python`` keeps the Python loop everywhere (``native``: default).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch
+
+from rhyme_sglang.cpu_backend import linear, small_ops
+from rhyme_sglang.machine import kernel_threads
+
+try:
+    from . import _rhyme_attention, _rhyme_gemm, _rhyme_ops, _rhyme_step
+
+    _rhyme_step.bind(_rhyme_gemm._kernels, _rhyme_ops._kernels, _rhyme_attention._kernels)
+    _native = _rhyme_step
+except (ImportError, AttributeError):  # a module not built (or built before kernels.h)
+    _native = None
+
+MODE_ENV = "RHYME_CPU_STEP"
+MODES = ("native", "python")
+_STACK_ATTR = "_rhyme_native_stack"
+
+
+def enabled(env: Optional[dict] = None) -> bool:
+    text = (os.environ if env is None else env).get(MODE_ENV, "native").strip() or "native"
+    if text not in MODES:
+        raise ValueError(f"{MODE_ENV} must be one of {MODES}, got {text!r}")
+    return text == "native" and _native is not None
+
+
+class _Stack:
+    """One model's layer table for one row bucket: per layer the pointers decoder_step.cpp
+    reads (norm weights, native panels and biases, K/V cache), and the tensors behind them."""
+
+    __slots__ = ("key", "table", "keep", "dims", "rotary", "scale", "final_norm", "eps")
+
+    def __init__(self, key, table, keep, dims, rotary, scale, final_norm, eps):
+        self.key, self.table, self.keep = key, table, keep
+        self.dims, self.rotary, self.scale = dims, rotary, scale
+        self.final_norm, self.eps = final_norm, eps
+
+
+def _build(model, pool, bucket: int, key) -> Optional[_Stack]:
+    """The layer table, or None where a piece is not what the native loop computes."""
+    layers = [model.layers[i] for i in range(model.start_layer, model.end_layer)]
+    if not layers:
+        return None
+    first = layers[0].self_attn
+    rotary, radix = first.rotary_emb, first.attn
+    cos_sin = rotary.cos_sin_cache
+    head_dim, heads, kv_heads = radix.qk_head_dim, radix.tp_q_head_num, radix.tp_k_head_num
+    if (radix.v_head_dim != head_dim or first.q_size != heads * head_dim
+            or first.kv_size != kv_heads * head_dim or cos_sin.dtype != torch.float32
+            or cos_sin.device.type != "cpu" or not cos_sin.is_contiguous() or cos_sin.dim() != 2
+            or cos_sin.shape[1] != rotary.rotary_dim or rotary.rotary_dim % 2
+            or not 0 < rotary.rotary_dim <= rotary.head_size or rotary.head_size != head_dim):
+        return None
+    rows, keep, caches = [], [], []
+    eps = layers[0].input_layernorm.variance_epsilon
+    for layer in layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        other = attn.rotary_emb
+        if (other is not rotary and (other.cos_sin_cache is not cos_sin
+                                     or other.rotary_dim != rotary.rotary_dim
+                                     or other.is_neox_style != rotary.is_neox_style)) \
+                or attn.attn.scaling != radix.scaling \
+                or layer.input_layernorm.variance_epsilon != eps \
+                or layer.post_attention_layernorm.variance_epsilon != eps:
+            return None
+        row = [layer.input_layernorm.weight.data, layer.post_attention_layernorm.weight.data]
+        for module in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
+            state = getattr(module, linear._STATE_ATTR, None)
+            if state is None:  # the Python loop has not run this layer yet: it sets the state
+                return None
+            if state.choice[bucket] != "native":
+                return None
+            panels = state.pack_for("native", module.weight)
+            if panels is None:
+                return None
+            bias = getattr(module, "bias", None)
+            if bias is not None:
+                bias = bias.detach().contiguous()
+            row += [panels, bias]
+        kv = [pool.get_key_buffer(attn.attn.layer_id), pool.get_value_buffer(attn.attn.layer_id)]
+        caches += kv
+        row += kv
+        if any(t is not None and (t.dtype != torch.float32 or not t.is_contiguous()) for t in row):
+            return None
+        keep += [t for t in row if t is not None]
+        rows.append([0 if t is None else t.data_ptr() for t in row])
+    if len(rows[0]) != _native.COLUMNS or model.norm.variance_epsilon != eps:
+        return None
+    inter = layers[0].mlp.down_proj.weight.shape[1]
+    hidden = layers[0].mlp.down_proj.weight.shape[0]
+    cache_rows = min(t.shape[0] for t in caches)  # the store checks every row against it
+    dims = (hidden, heads, kv_heads, head_dim, inter, cache_rows)
+    return _Stack(key, torch.tensor(rows, dtype=torch.int64), keep, dims, rotary,
+                  float(radix.scaling), model.norm.weight.data, eps)
+
+
+def run(model, input_ids: torch.Tensor, positions: torch.Tensor, pool, plan) -> Optional[torch.Tensor]:
+    """The final hidden states [T, hidden] of ``model`` for this step, computed natively, or
+    None where the Python loop must run (see the module's docstring)."""
+    tokens = input_ids.numel()
+    if (plan is None or not enabled() or not small_ops.enabled() or positions.numel() != tokens
+            or positions.dtype != torch.int64 or not positions.is_contiguous()):
+        return None
+    bucket = linear.bucket_index(tokens)
+    first = model.layers[model.start_layer].self_attn.attn.layer_id
+    key = (bucket, linear.generation(), pool.get_key_buffer(first).data_ptr())
+    stacks = getattr(model, _STACK_ATTR, None)
+    if stacks is None:
+        stacks = {}
+        setattr(model, _STACK_ATTR, stacks)
+    stack = stacks.get(bucket)
+    if stack is None or stack.key != key:
+        stack = _build(model, pool, bucket, key)
+        if stack is None:
+            return None  # built again next time: the Python loop sets missing linear states
+        stacks[bucket] = stack
+    embeddings = model.embed_tokens(input_ids)
+    if embeddings.dtype != torch.float32 or not embeddings.is_contiguous():
+        return None
+    hidden, heads, kv_heads, head_dim, inter, cache_rows = stack.dims
+    out = torch.empty(tokens, hidden)
+    rotary = stack.rotary
+    req_to_token = plan.req_to_token
+    longs = plan.longs
+    tree = plan.tree
+    _native.forward(
+        embeddings.data_ptr(), out.data_ptr(), stack.table.data_ptr(), stack.table.shape[0],
+        stack.final_norm.data_ptr(), float(stack.eps), tokens, hidden, heads, kv_heads, head_dim,
+        inter, positions.data_ptr(), rotary.cos_sin_cache.data_ptr(), rotary.cos_sin_cache.shape[0],
+        rotary.rotary_dim, bool(rotary.is_neox_style), req_to_token.data_ptr(),
+        req_to_token.stride(0), *(x.data_ptr() for x in longs), plan.cache_loc.data_ptr(),
+        cache_rows, 0 if tree is None else tree.data_ptr(),
+        0 if tree is None else tree.shape[-1], longs[0].shape[0], plan.verify, stack.scale,
+        kernel_threads())
+    return out
