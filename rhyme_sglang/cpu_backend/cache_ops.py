@@ -64,11 +64,23 @@ def fill_accept_out_cache_loc_cpu(accept_index, out_cache_loc, accept_out_cache_
 
 
 def copy_all_layer_kv_cache_cpu(data_ptrs, strides, tgt_loc, src_loc):
-    """For every buffer (raw pointer + row stride in bytes): ``row[tgt] = row[src]``."""
+    """For every buffer (raw pointer + row stride in bytes): ``row[tgt] = row[src]``. One
+    native call for all buffers where the attention module is built (a verify step moves its
+    accepted tokens' K/V in every layer: 60 buffers for a 30-layer model)."""
     if tgt_loc.numel() == 0:
         return
-    tgt = tgt_loc.long()
-    src = src_loc.long()
+    tgt = tgt_loc.long().contiguous()
+    src = src_loc.long().contiguous()
+    if tgt.numel() != src.numel():
+        raise ValueError(f"copy_all_layer_kv_cache: {tgt.numel()} targets for {src.numel()} sources")
+    from rhyme_sglang.cpu_backend.attention import _native
+
+    if _native is not None and hasattr(_native, "copy_rows"):
+        ptrs = data_ptrs.to(torch.int64).contiguous()
+        row_bytes = strides.to(torch.int64).contiguous()
+        _native.copy_rows(ptrs.data_ptr(), row_bytes.data_ptr(), ptrs.numel(), tgt.data_ptr(),
+                          src.data_ptr(), tgt.numel())
+        return
     num_rows = int(max(tgt.max().item(), src.max().item())) + 1
     for ptr, stride in zip(data_ptrs.tolist(), strides.tolist()):
         raw = (ctypes.c_uint8 * (num_rows * stride)).from_address(int(ptr))

@@ -377,23 +377,25 @@ def test_query_rows_out_of_request_order(impl):
 
 
 @needs_native
-def test_native_results_do_not_depend_on_the_thread_count():
-    """Requests are split across threads whole, so every bit is the same with 1, 3 or 8
-    threads (8: more threads than requests, several parts per thread)."""
+@pytest.mark.parametrize("seq", [[40, 7, 19, 33, 12], [57]])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_native_results_do_not_depend_on_the_thread_count(seq, dtype):
+    """Every bit is the same with 1, 3 or 8 threads: 1 runs each request whole; 3 and 8 (fewer
+    than two requests a thread) split each request into its KV heads."""
     from rhyme_sglang.machine import set_kernel_threads
 
     gen = torch.Generator().manual_seed(21)
-    seq, n = [40, 7, 19, 33, 12], 4
-    k_buffer, v_buffer, req_to_token, rows = _paged_cache(gen, seq, 2, 64, 64, torch.bfloat16)
+    n = 4
+    k_buffer, v_buffer, req_to_token, rows = _paged_cache(gen, seq, 2, 64, 64, dtype)
     bsz = len(seq)
-    q = torch.randn(bsz * n, 6, 64, generator=gen).to(torch.bfloat16)
+    q = torch.randn(bsz * n, 6, 64, generator=gen).to(dtype)
     tree = torch.stack([_random_tree(gen, n) for _ in range(bsz)]).reshape(-1)
     ext = torch.full((bsz,), n, dtype=torch.int32)
     outs = []
     try:
         for count in (1, 3, 8):
             set_kernel_threads(count)
-            o = torch.zeros(bsz * n, 6, 64, dtype=torch.bfloat16)
+            o = torch.zeros(bsz * n, 6, 64, dtype=dtype)
             with _impl("native"):
                 attention.extend_attention_cpu(q, None, None, o, k_buffer, v_buffer, 1.0, 1.0,
                                                req_to_token, rows, torch.tensor(seq), ext,

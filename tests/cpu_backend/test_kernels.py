@@ -156,10 +156,25 @@ def test_cache_index_ops_round_trip():
     assert bonus.tolist() == [8, 4]
 
 
-def test_copy_all_layer_kv_cache_moves_rows_by_pointer():
+@pytest.mark.parametrize("native", [True, False])
+def test_copy_all_layer_kv_cache_moves_rows_by_pointer(native, monkeypatch):
+    """Native (one call for every buffer) and PyTorch paths alike; sources are read before
+    targets are written, so overlapping sets move as a gather then a scatter."""
+    from rhyme_sglang.cpu_backend import attention
+
+    if native and attention._native is None:
+        pytest.skip("_rhyme_attention is not built")
+    if not native:
+        monkeypatch.setattr(attention, "_native", None)
     bufs = [torch.arange(40, dtype=torch.float32).view(10, 4).clone() for _ in range(2)]
+    bufs.append(torch.arange(20, dtype=torch.bfloat16).view(10, 2).clone())  # another row size
     ptrs = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.uint64)
     strides = torch.tensor([b.stride(0) * b.element_size() for b in bufs])
     cache_ops.copy_all_layer_kv_cache_cpu(ptrs, strides, torch.tensor([1, 2]), torch.tensor([8, 9]))
-    for b in bufs:
+    for b in bufs[:2]:
         assert b[1].tolist() == [32, 33, 34, 35] and b[2].tolist() == [36, 37, 38, 39]
+    assert bufs[2][1].tolist() == [16, 17] and bufs[2][2].tolist() == [18, 19]
+    cache_ops.copy_all_layer_kv_cache_cpu(ptrs, strides, torch.tensor([4, 5]), torch.tensor([5, 6]))
+    assert bufs[0][4].tolist() == [20, 21, 22, 23] and bufs[0][5].tolist() == [24, 25, 26, 27]
+    with pytest.raises(ValueError):
+        cache_ops.copy_all_layer_kv_cache_cpu(ptrs, strides, torch.tensor([1]), torch.tensor([2, 3]))

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -100,13 +101,15 @@ template <int W, int NR>
 
 inline v8f splat(float x) { return splatv<v8f>(x); }
 
-// Row `index` (n values of the cache dtype) widened into `dst`.
-inline void load_row(const void* base, int64_t index, int64_t n, bool bf16, float* dst) {
+// Values col0 .. col0 + n of row `index` (rows of `width` values of the cache dtype) widened
+// into `dst`.
+inline void load_row(const void* base, int64_t index, int64_t width, int64_t col0, int64_t n, bool bf16,
+                     float* dst) {
     if (bf16) {
-        const uint16_t* p = static_cast<const uint16_t*>(base) + index * n;
+        const uint16_t* p = static_cast<const uint16_t*>(base) + index * width + col0;
         for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(p[i]);
     } else {
-        std::memcpy(dst, static_cast<const float*>(base) + index * n, n * sizeof(float));
+        std::memcpy(dst, static_cast<const float*>(base) + index * width + col0, n * sizeof(float));
     }
 }
 
@@ -116,7 +119,9 @@ struct Shapes {
     bool kv_bf16, causal;
 };
 
-// One request: queries q [ext, heads, head_dim] (float32), output o [ext, heads, v_dim].
+// One request, KV heads kh0 .. kh1 - 1 (and the query heads that share them): queries
+// q [ext, heads, head_dim] (float32), output o [ext, heads, v_dim] (only those heads' rows
+// are read or written, so calls for disjoint head ranges may run at once).
 // Keys 0 .. prefix-1 come from the cache through `locs`; extend keys (offset r = j - prefix)
 // come from k_new/v_new rows r when given, else from the cache too.
 // `tree` [ext, ext] rows of `tree_stride` bytes (uint8, row t: which extend offsets query t
@@ -128,28 +133,32 @@ struct Shapes {
 // - the row maximum is exact; exp is lane-wise;
 // - the softmax sum and the V sum run over the keys in position order, a key the row does not
 //   see adding an exact zero. Ancestors in a verify tree come in position order too, so a tree
-//   node meets the same non-zero terms in the same order as the same token decoded alone.
+//   node meets the same non-zero terms in the same order as the same token decoded alone;
+// - a row's arithmetic does not depend on which other heads or rows share the call either.
 template <int W>
 [[gnu::always_inline]] inline void attend_request_impl(const Shapes& s, const float* q, float* o, const void* k_cache,
                     const void* v_cache, const void* k_new, const void* v_new,
                     const int32_t* locs, int64_t seq_len, int64_t ext, const uint8_t* tree,
-                    int64_t tree_stride) {
-    const int64_t h = s.heads, hkv = s.kv_heads, d = s.head_dim, dv = s.v_dim;
-    const int64_t group = h / hkv, prefix = seq_len - ext, rows = ext * h;
-    const int64_t k_width = hkv * d, v_width = hkv * dv;
+                    int64_t tree_stride, int64_t kh0, int64_t kh1) {
+    const int64_t h = s.heads, hkv = kh1 - kh0, d = s.head_dim, dv = s.v_dim;
+    const int64_t group = h / s.kv_heads, prefix = seq_len - ext, rows = ext * h;
+    const int64_t k_row = s.kv_heads * d, v_row = s.kv_heads * dv;  // a cache row
+    const int64_t k_width = hkv * d, v_width = hkv * dv;  // the part of it these heads read
     const int64_t padded = (seq_len + W - 1) / W * W;
-    std::vector<float> scores(static_cast<size_t>(rows * padded));
+    // scores of every row of the request (rows of other heads are left unwritten)
+    std::unique_ptr<float[]> scores(new float[static_cast<size_t>(rows * padded)]);
     std::vector<float> keys(static_cast<size_t>(W * k_width));
     std::vector<float> tile(static_cast<size_t>(k_width * W));  // [hkv][d][key in tile]
     std::vector<float> values(static_cast<size_t>(kVBlock * v_width));
 
     auto load = [&](bool is_key, int64_t j, float* dst) {
-        const int64_t width = is_key ? k_width : v_width;
+        const int64_t width = is_key ? k_row : v_row, n = is_key ? k_width : v_width;
+        const int64_t col0 = kh0 * (is_key ? d : dv);
         const void* fresh = is_key ? k_new : v_new;
         if (j >= prefix && fresh != nullptr)
-            load_row(fresh, j - prefix, width, s.kv_bf16, dst);
+            load_row(fresh, j - prefix, width, col0, n, s.kv_bf16, dst);
         else
-            load_row(is_key ? k_cache : v_cache, locs[j], width, s.kv_bf16, dst);
+            load_row(is_key ? k_cache : v_cache, locs[j], width, col0, n, s.kv_bf16, dst);
     };
     // visible(t, j) for an extend key j >= prefix
     auto sees = [&](int64_t t, int64_t j) -> bool {
@@ -158,12 +167,12 @@ template <int W>
         return !s.causal || r <= t;
     };
 
-    // rows of each KV head: t * h + kh * group + g
-    std::vector<int64_t> head_rows(static_cast<size_t>(rows));
+    // rows of each KV head of the range: t * h + kh * group + g
+    const int64_t per_head = ext * group, mine = hkv * per_head;
+    std::vector<int64_t> head_rows(static_cast<size_t>(mine));
     for (int64_t kh = 0, i = 0; kh < hkv; ++kh)
         for (int64_t t = 0; t < ext; ++t)
-            for (int64_t g = 0; g < group; ++g) head_rows[i++] = t * h + kh * group + g;
-    const int64_t per_head = ext * group;
+            for (int64_t g = 0; g < group; ++g) head_rows[i++] = t * h + (kh0 + kh) * group + g;
 
     // 1. scores, a tile of W keys at a time (missing keys of the last tile are zeros)
     for (int64_t j0 = 0; j0 < seq_len; j0 += W) {
@@ -177,20 +186,20 @@ template <int W>
             const int64_t* hr = head_rows.data() + kh * per_head;
             int64_t i = 0;
             for (; i + kRows <= per_head; i += kRows)
-                score_rows<W, kRows>(q, hr + i, kt, d, s.scale, scores.data(), padded, j0);
+                score_rows<W, kRows>(q, hr + i, kt, d, s.scale, scores.get(), padded, j0);
             switch (per_head - i) {
-                case 3: score_rows<W, 3>(q, hr + i, kt, d, s.scale, scores.data(), padded, j0); break;
-                case 2: score_rows<W, 2>(q, hr + i, kt, d, s.scale, scores.data(), padded, j0); break;
-                case 1: score_rows<W, 1>(q, hr + i, kt, d, s.scale, scores.data(), padded, j0); break;
+                case 3: score_rows<W, 3>(q, hr + i, kt, d, s.scale, scores.get(), padded, j0); break;
+                case 2: score_rows<W, 2>(q, hr + i, kt, d, s.scale, scores.get(), padded, j0); break;
+                case 1: score_rows<W, 1>(q, hr + i, kt, d, s.scale, scores.get(), padded, j0); break;
                 default: break;
             }
         }
     }
     // 2. softmax weights per row: invisible keys get an exact 0
     std::vector<float> row_sum(static_cast<size_t>(rows), 0.f);
-    for (int64_t row = 0; row < rows; ++row) {
+    for (const int64_t row : head_rows) {
         const int64_t t = row / h;
-        float* sc = scores.data() + row * padded;
+        float* sc = scores.get() + row * padded;
         if (s.logit_cap > 0.f)
             for (int64_t j = 0; j < seq_len; ++j) sc[j] = s.logit_cap * std::tanh(sc[j] / s.logit_cap);
         for (int64_t j = std::max<int64_t>(prefix, 0); j < seq_len; ++j)
@@ -205,32 +214,33 @@ template <int W>
         for (int64_t j = 0; j < padded; j += kBlock) store8(sc + j, exp8(load8(sc + j) - splat(mx)));
     }
     // each row's sum in key order; four rows at once so their add chains overlap
-    for (int64_t row0 = 0; row0 < rows; row0 += 4) {
+    for (int64_t i0 = 0; i0 < mine; i0 += 4) {
         float total[4] = {0.f, 0.f, 0.f, 0.f};
-        const int64_t nr = std::min<int64_t>(4, rows - row0);
-        const float* sc = scores.data() + row0 * padded;
+        const int64_t nr = std::min<int64_t>(4, mine - i0);
+        const float* sc[4];
+        for (int64_t r = 0; r < nr; ++r) sc[r] = scores.get() + head_rows[i0 + r] * padded;
         if (nr == 4) {
             for (int64_t j = 0; j < seq_len; ++j) {
-                total[0] += sc[j];
-                total[1] += sc[padded + j];
-                total[2] += sc[2 * padded + j];
-                total[3] += sc[3 * padded + j];
+                total[0] += sc[0][j];
+                total[1] += sc[1][j];
+                total[2] += sc[2][j];
+                total[3] += sc[3][j];
             }
         } else {
             for (int64_t r = 0; r < nr; ++r)
-                for (int64_t j = 0; j < seq_len; ++j) total[r] += sc[r * padded + j];
+                for (int64_t j = 0; j < seq_len; ++j) total[r] += sc[r][j];
         }
-        for (int64_t r = 0; r < nr; ++r) row_sum[row0 + r] = total[r];
+        for (int64_t r = 0; r < nr; ++r) row_sum[head_rows[i0 + r]] = total[r];
     }
     // 3. weighted V sums, keys in position order: each output element adds p * v key after
     //    key (a key the row does not see adds an exact zero); accumulators stay in registers
     //    across a block of kVBlock keys, kRows rows of one KV head sharing each value load
-    std::memset(o, 0, sizeof(float) * static_cast<size_t>(rows * dv));
+    for (const int64_t row : head_rows) std::memset(o + row * dv, 0, sizeof(float) * static_cast<size_t>(dv));
     const int64_t wide = dv / (2 * W) * (2 * W);
     for (int64_t j0 = 0; j0 < seq_len; j0 += kVBlock) {
         const int64_t nb = std::min<int64_t>(kVBlock, seq_len - j0);
         for (int64_t jj = 0; jj < nb; ++jj) load(false, j0 + jj, values.data() + jj * v_width);
-        const float* p = scores.data() + j0;
+        const float* p = scores.get() + j0;
         for (int64_t kh = 0; kh < hkv; ++kh) {
             const float* vals = values.data() + kh * dv;
             const int64_t* hr = head_rows.data() + kh * per_head;
@@ -256,7 +266,7 @@ template <int W>
             }
         }
     }
-    for (int64_t row = 0; row < rows; ++row) {
+    for (const int64_t row : head_rows) {
         if (row_sum[row] <= 0.f) continue;
         const float total = row_sum[row];
         for (int64_t c = 0; c < dv; ++c) o[row * dv + c] /= total;
@@ -266,40 +276,43 @@ template <int W>
 __attribute__((target("avx512f"))) void attend_request_avx512(const Shapes& s, const float* q, float* o, const void* k_cache,
                     const void* v_cache, const void* k_new, const void* v_new,
                     const int32_t* locs, int64_t seq_len, int64_t ext, const uint8_t* tree,
-                    int64_t tree_stride) {
-    attend_request_impl<16>(s, q, o, k_cache, v_cache, k_new, v_new, locs, seq_len, ext, tree, tree_stride);
+                    int64_t tree_stride, int64_t kh0, int64_t kh1) {
+    attend_request_impl<16>(s, q, o, k_cache, v_cache, k_new, v_new, locs, seq_len, ext, tree, tree_stride, kh0, kh1);
 }
 
 __attribute__((target("avx2"))) void attend_request_avx2(const Shapes& s, const float* q, float* o, const void* k_cache,
                     const void* v_cache, const void* k_new, const void* v_new,
                     const int32_t* locs, int64_t seq_len, int64_t ext, const uint8_t* tree,
-                    int64_t tree_stride) {
-    attend_request_impl<8>(s, q, o, k_cache, v_cache, k_new, v_new, locs, seq_len, ext, tree, tree_stride);
+                    int64_t tree_stride, int64_t kh0, int64_t kh1) {
+    attend_request_impl<8>(s, q, o, k_cache, v_cache, k_new, v_new, locs, seq_len, ext, tree, tree_stride, kh0, kh1);
 }
 
 void attend_request_default(const Shapes& s, const float* q, float* o, const void* k_cache,
                     const void* v_cache, const void* k_new, const void* v_new,
                     const int32_t* locs, int64_t seq_len, int64_t ext, const uint8_t* tree,
-                    int64_t tree_stride) { attend_request_impl<8>(s, q, o, k_cache, v_cache, k_new, v_new, locs, seq_len, ext, tree, tree_stride); }
+                    int64_t tree_stride, int64_t kh0, int64_t kh1) {
+    attend_request_impl<8>(s, q, o, k_cache, v_cache, k_new, v_new, locs, seq_len, ext, tree, tree_stride, kh0, kh1);
+}
 
 // The clone for this CPU, chosen once.
 void attend_request(const Shapes& s, const float* q, float* o, const void* k_cache,
                     const void* v_cache, const void* k_new, const void* v_new,
                     const int32_t* locs, int64_t seq_len, int64_t ext, const uint8_t* tree,
-                    int64_t tree_stride) {
+                    int64_t tree_stride, int64_t kh0, int64_t kh1) {
     static const int isa = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
     if (isa == 2)
-        attend_request_avx512(s, q, o, k_cache, v_cache, k_new, v_new, locs, seq_len, ext, tree, tree_stride);
+        attend_request_avx512(s, q, o, k_cache, v_cache, k_new, v_new, locs, seq_len, ext, tree, tree_stride, kh0, kh1);
     else if (isa == 1)
-        attend_request_avx2(s, q, o, k_cache, v_cache, k_new, v_new, locs, seq_len, ext, tree, tree_stride);
+        attend_request_avx2(s, q, o, k_cache, v_cache, k_new, v_new, locs, seq_len, ext, tree, tree_stride, kh0, kh1);
     else
-        attend_request_default(s, q, o, k_cache, v_cache, k_new, v_new, locs, seq_len, ext, tree, tree_stride);
+        attend_request_default(s, q, o, k_cache, v_cache, k_new, v_new, locs, seq_len, ext, tree, tree_stride, kh0, kh1);
 }
 
 // The whole batch. Per request b: pool_rows[b] (row of req_to_token), seq_lens[b],
 // ext_lens[b], starts[b] (first query row in q / o, and first row of k_new / v_new).
-// With threads > 1 the requests are split into runs of similar work, several per thread (a
-// request is never split, so its arithmetic does not depend on the thread count).
+// With threads > 1 the requests are split into runs of similar work, several per thread, or,
+// where there are fewer than two requests a thread, into (request, KV head) parts. A row's
+// arithmetic never depends on the split, so the results do not depend on the thread count.
 // Called without the GIL (the Python wrapper below releases it; the decoder step calls it
 // directly).
 void attend_kernel(const float* q, float* o, const void* k_cache, const void* v_cache, const void* k_new,
@@ -322,17 +335,27 @@ void attend_kernel(const float* q, float* o, const void* k_cache, const void* v_
             throw std::invalid_argument("a request of a tree batch extends by more than its tree's n");
         work[b + 1] = work[b] + (exts[b] > 0 ? static_cast<double>(lens[b]) * exts[b] : 0.0);
     }
+    auto one = [&](int64_t b, int64_t kh0, int64_t kh1) {
+        const int64_t ext = exts[b];
+        if (ext <= 0) return;
+        const int64_t start = first[b];
+        const uint8_t* tree_b = tree ? tree + b * tree_n * tree_n : nullptr;
+        const char* kn = k_new ? static_cast<const char*>(k_new) + start * kv_heads * head_dim * kv_elem : nullptr;
+        const char* vn = v_new ? static_cast<const char*>(v_new) + start * kv_heads * v_dim * kv_elem : nullptr;
+        attend_request(s, q + start * heads * head_dim, o + start * heads * v_dim, k_cache, v_cache,
+                       kn, vn, r2t + rows[b] * r2t_stride, lens[b], ext, tree_b, tree_n, kh0, kh1);
+    };
+    if (threads > 1 && batch < threads * 2 && kv_heads > 1) {
+        // few requests (batch 1 above all): each request's KV heads are parts of their own,
+        // so the threads share a request (its rows' results do not change)
+        rhyme_parts::run_in_parts(batch * kv_heads, threads, [&](int64_t part) {
+            const int64_t kh = part % kv_heads;
+            one(part / kv_heads, kh, kh + 1);
+        });
+        return;
+    }
     auto run = [&](int64_t lo, int64_t hi) {
-        for (int64_t b = lo; b < hi; ++b) {
-            const int64_t ext = exts[b];
-            if (ext <= 0) continue;
-            const int64_t start = first[b];
-            const uint8_t* tree_b = tree ? tree + b * tree_n * tree_n : nullptr;
-            const char* kn = k_new ? static_cast<const char*>(k_new) + start * kv_heads * head_dim * kv_elem : nullptr;
-            const char* vn = v_new ? static_cast<const char*>(v_new) + start * kv_heads * v_dim * kv_elem : nullptr;
-            attend_request(s, q + start * heads * head_dim, o + start * heads * v_dim, k_cache, v_cache,
-                           kn, vn, r2t + rows[b] * r2t_stride, lens[b], ext, tree_b, tree_n);
-        }
+        for (int64_t b = lo; b < hi; ++b) one(b, 0, kv_heads);
     };
     const int64_t parts = rhyme_parts::parts_for(batch, threads);
     if (parts <= 1) {
@@ -373,6 +396,29 @@ void store_kv_kernel(void* k_cache, void* v_cache, const void* k_src, const void
 template <typename T>
 const T* as(uintptr_t p) { return reinterpret_cast<const T*>(p); }
 
+// The accepted draft tokens' K/V moved to their final rows, in every layer's buffers at once:
+// for each buffer (raw address, row stride in bytes), row tgt[i] <- row src[i], all sources read
+// before any target is written (as sglang's kernel: the two sets may overlap).
+void copy_rows(uintptr_t buffer_ptrs, uintptr_t buffer_strides, int64_t buffers, uintptr_t tgt_loc,
+               uintptr_t src_loc, int64_t n) {
+    const auto* ptrs = reinterpret_cast<const int64_t*>(buffer_ptrs);
+    const auto* strides = reinterpret_cast<const int64_t*>(buffer_strides);
+    const auto* tgt = reinterpret_cast<const int64_t*>(tgt_loc);
+    const auto* src = reinterpret_cast<const int64_t*>(src_loc);
+    for (int64_t i = 0; i < n; ++i)
+        if (tgt[i] < 0 || src[i] < 0) throw std::invalid_argument("copy_rows got a negative row");
+    py::gil_scoped_release release;
+    std::vector<char> staged;
+    for (int64_t b = 0; b < buffers; ++b) {
+        char* base = reinterpret_cast<char*>(static_cast<uintptr_t>(ptrs[b]));
+        const int64_t stride = strides[b];
+        staged.resize(static_cast<size_t>(n * stride));
+        for (int64_t i = 0; i < n; ++i) std::memcpy(staged.data() + i * stride, base + src[i] * stride, stride);
+        for (int64_t i = 0; i < n; ++i) std::memcpy(base + tgt[i] * stride, staged.data() + i * stride, stride);
+    }
+}
+
+
 void attend(uintptr_t q, uintptr_t o, uintptr_t k_cache, uintptr_t v_cache, uintptr_t k_new,
             uintptr_t v_new, uintptr_t req_to_token, uintptr_t pool_rows, uintptr_t seq_lens,
             uintptr_t ext_lens, uintptr_t starts, uintptr_t tree, int64_t tree_n, int64_t batch,
@@ -404,5 +450,6 @@ PYBIND11_MODULE(_rhyme_attention, m) {
     m.doc() = "Paged CPU attention over sglang's KV pool (see paged_attention.cpp)";
     m.def("attend", &attend);
     m.def("store_kv", &store_kv);
+    m.def("copy_rows", &copy_rows);
     m.attr("_kernels") = py::capsule(&kKernels, "rhyme_kernels::Attention");
 }
