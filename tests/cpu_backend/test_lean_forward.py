@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rhyme_sglang.cpu_backend import attention, lean_forward
+from rhyme_sglang.cpu_backend import attention, lean_forward, native_step
 from tests.cpu_backend.test_attention_parity import _impl, _paged_cache, _random_tree
 
 needs_native = pytest.mark.skipif(attention._native is None, reason="native attention not built")
@@ -126,3 +126,35 @@ def test_lean_mode_reads_its_switch(monkeypatch):
     assert lean_forward.mode({lean_forward.MODE_ENV: "check"}) == "check"
     with pytest.raises(ValueError, match="RHYME_CPU_LEAN.*'fast'"):
         lean_forward.mode({lean_forward.MODE_ENV: "fast"})
+
+
+def test_native_step_switch_and_where_it_steps_aside(monkeypatch):
+    """``RHYME_CPU_STEP`` picks the native decoder step or the Python loop; without an
+    attention plan (or with the Python loop chosen) ``run`` returns None and the Python loop
+    runs. (The native step against sglang's stack, bit for bit, is the engine check test.)"""
+    assert native_step.enabled({native_step.MODE_ENV: "python"}) is False
+    assert native_step.enabled({}) is (native_step._native is not None)
+    with pytest.raises(ValueError, match="RHYME_CPU_STEP.*'fast'"):
+        native_step.enabled({native_step.MODE_ENV: "fast"})
+    ids = torch.tensor([1, 2, 3])
+    positions = torch.arange(3)
+    assert native_step.run(None, ids, positions, None, None) is None  # no plan
+    plan = SimpleNamespace()
+    monkeypatch.setenv(native_step.MODE_ENV, "python")
+    assert native_step.run(None, ids, positions, None, plan) is None
+    monkeypatch.setenv(native_step.MODE_ENV, "native")
+    assert native_step.run(None, ids, positions.int(), None, plan) is None  # not int64 positions
+
+
+@pytest.mark.skipif(native_step._native is None, reason="_rhyme_step is not built")
+def test_native_step_binds_the_kernel_tables():
+    """The step module found all three kernel tables (of the current kernels.h version), and
+    a bind with a wrong table keeps the ones it had."""
+    from rhyme_sglang.cpu_backend import _rhyme_attention, _rhyme_gemm, _rhyme_ops, _rhyme_step
+
+    assert _rhyme_step.bound()
+    with pytest.raises(ValueError, match="rhyme_kernels::Gemm"):
+        _rhyme_step.bind(_rhyme_ops._kernels, _rhyme_ops._kernels, _rhyme_attention._kernels)
+    with pytest.raises(ValueError, match="rhyme_kernels::Attention"):
+        _rhyme_step.bind(_rhyme_gemm._kernels, _rhyme_ops._kernels, _rhyme_gemm._kernels)
+    assert _rhyme_step.bound()

@@ -41,10 +41,14 @@ const T* table(const py::capsule& capsule, const char* name) {
 }
 
 // The kernel tables of _rhyme_gemm, _rhyme_ops and _rhyme_attention (their `_kernels`).
+// All three are checked before any is kept.
 void bind(const py::capsule& gemm, const py::capsule& ops, const py::capsule& attention) {
-    g_gemm = table<rhyme_kernels::Gemm>(gemm, "rhyme_kernels::Gemm");
-    g_ops = table<rhyme_kernels::Ops>(ops, "rhyme_kernels::Ops");
-    g_attention = table<rhyme_kernels::Attention>(attention, "rhyme_kernels::Attention");
+    const auto* g = table<rhyme_kernels::Gemm>(gemm, "rhyme_kernels::Gemm");
+    const auto* o = table<rhyme_kernels::Ops>(ops, "rhyme_kernels::Ops");
+    const auto* a = table<rhyme_kernels::Attention>(attention, "rhyme_kernels::Attention");
+    g_gemm = g;
+    g_ops = o;
+    g_attention = a;
 }
 
 bool bound() { return g_gemm && g_ops && g_attention; }
