@@ -11,6 +11,8 @@ import ctypes
 import numpy as np
 import torch
 
+from rhyme_sglang.cpu_backend.attention import _native  # paged attention module, or None
+
 
 def _segments(start_offset, end_offset):
     starts = start_offset.tolist()
@@ -73,8 +75,6 @@ def copy_all_layer_kv_cache_cpu(data_ptrs, strides, tgt_loc, src_loc):
     src = src_loc.long().contiguous()
     if tgt.numel() != src.numel():
         raise ValueError(f"copy_all_layer_kv_cache: {tgt.numel()} targets for {src.numel()} sources")
-    from rhyme_sglang.cpu_backend.attention import _native
-
     if _native is not None and hasattr(_native, "copy_rows"):
         ptrs = data_ptrs.to(torch.int64).contiguous()
         row_bytes = strides.to(torch.int64).contiguous()

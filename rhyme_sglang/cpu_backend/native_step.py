@@ -15,7 +15,7 @@ loop runs. ``RHYME_CPU_STEP=python`` keeps the Python loop everywhere (``native`
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -42,23 +42,33 @@ def enabled(env: Optional[dict] = None) -> bool:
     return text == "native" and _native is not None
 
 
-class _Stack:
+class _Stack(NamedTuple):
     """One model's layer table for one row bucket: per layer the pointers decoder_step.cpp
-    reads (norm weights, native panels and biases, K/V cache), and the tensors behind them."""
+    reads (norm weights, native panels and biases, K/V cache), and the tensors behind them.
+    ``table`` None: this model does not fit the native loop for this key (kept, so the check
+    is not repeated every forward)."""
 
-    __slots__ = ("key", "table", "keep", "dims", "rotary", "scale", "final_norm", "eps")
+    key: tuple
+    table: Optional[torch.Tensor]
+    keep: list = []
+    dims: tuple = ()
+    rotary: object = None
+    scale: float = 0.0
+    final_norm: Optional[torch.Tensor] = None
+    eps: float = 0.0
 
-    def __init__(self, key, table, keep, dims, rotary, scale, final_norm, eps):
-        self.key, self.table, self.keep = key, table, keep
-        self.dims, self.rotary, self.scale = dims, rotary, scale
-        self.final_norm, self.eps = final_norm, eps
+
+class _NotYet(Exception):
+    """A linear has no kernel state yet (the Python loop makes it): try again next forward."""
 
 
-def _build(model, pool, bucket: int, key) -> Optional[_Stack]:
-    """The layer table, or None where a piece is not what the native loop computes."""
+def _build(model, pool, bucket: int, key) -> _Stack:
+    """The layer table, or a misfit (``table`` None) where a piece is not what the native loop
+    computes; raises :class:`_NotYet` where the answer may still change."""
+    misfit = _Stack(key, None)
     layers = [model.layers[i] for i in range(model.start_layer, model.end_layer)]
     if not layers:
-        return None
+        return misfit
     first = layers[0].self_attn
     rotary, radix = first.rotary_emb, first.attn
     cos_sin = rotary.cos_sin_cache
@@ -68,7 +78,7 @@ def _build(model, pool, bucket: int, key) -> Optional[_Stack]:
             or cos_sin.device.type != "cpu" or not cos_sin.is_contiguous() or cos_sin.dim() != 2
             or cos_sin.shape[1] != rotary.rotary_dim or rotary.rotary_dim % 2
             or not 0 < rotary.rotary_dim <= rotary.head_size or rotary.head_size != head_dim):
-        return None
+        return misfit
     rows, keep, caches = [], [], []
     eps = layers[0].input_layernorm.variance_epsilon
     for layer in layers:
@@ -80,17 +90,17 @@ def _build(model, pool, bucket: int, key) -> Optional[_Stack]:
                 or attn.attn.scaling != radix.scaling \
                 or layer.input_layernorm.variance_epsilon != eps \
                 or layer.post_attention_layernorm.variance_epsilon != eps:
-            return None
+            return misfit
         row = [layer.input_layernorm.weight.data, layer.post_attention_layernorm.weight.data]
         for module in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj):
             state = getattr(module, linear._STATE_ATTR, None)
             if state is None:  # the Python loop has not run this layer yet: it sets the state
-                return None
+                raise _NotYet
             if state.choice[bucket] != "native":
-                return None
+                return misfit
             panels = state.pack_for("native", module.weight)
             if panels is None:
-                return None
+                return misfit
             bias = getattr(module, "bias", None)
             if bias is not None:
                 bias = bias.detach().contiguous()
@@ -99,11 +109,11 @@ def _build(model, pool, bucket: int, key) -> Optional[_Stack]:
         caches += kv
         row += kv
         if any(t is not None and (t.dtype != torch.float32 or not t.is_contiguous()) for t in row):
-            return None
+            return misfit
         keep += [t for t in row if t is not None]
         rows.append([0 if t is None else t.data_ptr() for t in row])
     if len(rows[0]) != _native.COLUMNS or model.norm.variance_epsilon != eps:
-        return None
+        return misfit
     inter = layers[0].mlp.down_proj.weight.shape[1]
     hidden = layers[0].mlp.down_proj.weight.shape[0]
     cache_rows = min(t.shape[0] for t in caches)  # the store checks every row against it
@@ -128,10 +138,12 @@ def run(model, input_ids: torch.Tensor, positions: torch.Tensor, pool, plan) -> 
         setattr(model, _STACK_ATTR, stacks)
     stack = stacks.get(bucket)
     if stack is None or stack.key != key:
-        stack = _build(model, pool, bucket, key)
-        if stack is None:
-            return None  # built again next time: the Python loop sets missing linear states
-        stacks[bucket] = stack
+        try:
+            stack = stacks[bucket] = _build(model, pool, bucket, key)
+        except _NotYet:
+            return None
+    if stack.table is None:
+        return None
     embeddings = model.embed_tokens(input_ids)
     if embeddings.dtype != torch.float32 or not embeddings.is_contiguous():
         return None

@@ -165,7 +165,7 @@ def test_copy_all_layer_kv_cache_moves_rows_by_pointer(native, monkeypatch):
     if native and attention._native is None:
         pytest.skip("_rhyme_attention is not built")
     if not native:
-        monkeypatch.setattr(attention, "_native", None)
+        monkeypatch.setattr(cache_ops, "_native", None)
     bufs = [torch.arange(40, dtype=torch.float32).view(10, 4).clone() for _ in range(2)]
     bufs.append(torch.arange(20, dtype=torch.bfloat16).view(10, 2).clone())  # another row size
     ptrs = torch.tensor([b.data_ptr() for b in bufs], dtype=torch.uint64)

@@ -59,10 +59,6 @@ enum Column : int64_t {
     kKCache, kVCache, kColumns
 };
 
-struct Dims {
-    int64_t tokens, hidden, q_size, kv_size, heads, kv_heads, head_dim, v_dim, inter;
-};
-
 template <typename T>
 T* ptr(int64_t value) { return reinterpret_cast<T*>(static_cast<uintptr_t>(value)); }
 
@@ -81,8 +77,8 @@ void forward(uintptr_t embeddings, uintptr_t out, uintptr_t layer_table, int64_t
     if (num_layers <= 0 || tokens <= 0 || hidden <= 0 || heads <= 0 || kv_heads <= 0 || head_dim <= 0 ||
         inter <= 0 || heads % kv_heads != 0)
         throw std::invalid_argument("decoder step needs layers, tokens and shapes > 0, heads % kv_heads == 0");
-    const Dims d{tokens, hidden, heads * head_dim, kv_heads * head_dim, heads, kv_heads, head_dim, head_dim, inter};
-    const int64_t qkv_n = d.q_size + 2 * d.kv_size;
+    const int64_t q_size = heads * head_dim, kv_size = kv_heads * head_dim;  // V heads as wide as K
+    const int64_t qkv_n = q_size + 2 * kv_size;
     const auto* layers = reinterpret_cast<const int64_t*>(layer_table);
     const float* embed = reinterpret_cast<const float*>(embeddings);
     const float f_eps = static_cast<float>(eps);
@@ -90,8 +86,8 @@ void forward(uintptr_t embeddings, uintptr_t out, uintptr_t layer_table, int64_t
     py::gil_scoped_release release;
     // scratch, [T, width] each
     std::vector<float> hid(tokens * hidden), res(tokens * hidden), x(tokens * hidden),
-        qkv(tokens * qkv_n), q(tokens * d.q_size), k(tokens * d.kv_size),
-        v(verify ? tokens * d.kv_size : 0), o(tokens * heads * d.v_dim), gate_up(tokens * 2 * inter),
+        qkv(tokens * qkv_n), q(tokens * q_size), k(tokens * kv_size),
+        v(verify ? tokens * kv_size : 0), o(tokens * heads * head_dim), gate_up(tokens * 2 * inter),
         act(tokens * inter);
     const auto* pos = reinterpret_cast<const int64_t*>(positions);
     for (int64_t l = 0; l < num_layers; ++l) {
@@ -106,17 +102,17 @@ void forward(uintptr_t embeddings, uintptr_t out, uintptr_t layer_table, int64_t
         // attention
         g_gemm->gemm(x.data(), ptr<const float>(w[kQkv]), ptr<const float>(w[kQkvBias]), qkv.data(), tokens,
                      qkv_n, hidden, threads);
-        g_ops->rotary(pos, qkv.data(), qkv_n, qkv.data() + d.q_size, qkv_n, q.data(), k.data(),
+        g_ops->rotary(pos, qkv.data(), qkv_n, qkv.data() + q_size, qkv_n, q.data(), k.data(),
                       reinterpret_cast<const float*>(cos_sin), table_rows, tokens, heads, kv_heads, head_dim,
                       rot_dim, neox);
-        const float* v_rows = qkv.data() + d.q_size + d.kv_size;  // row stride qkv_n
+        const float* v_rows = qkv.data() + q_size + kv_size;  // row stride qkv_n
         g_attention->store_kv(ptr<void>(w[kKCache]), ptr<void>(w[kVCache]), k.data(), v_rows,
-                              d.kv_size * sizeof(float), qkv_n * sizeof(float),
-                              reinterpret_cast<const int64_t*>(cache_loc), tokens, d.kv_size * sizeof(float),
-                              kv_heads * d.v_dim * sizeof(float), cache_rows);
+                              kv_size * sizeof(float), qkv_n * sizeof(float),
+                              reinterpret_cast<const int64_t*>(cache_loc), tokens, kv_size * sizeof(float),
+                              kv_heads * head_dim * sizeof(float), cache_rows);
         if (verify)
             for (int64_t t = 0; t < tokens; ++t)
-                std::memcpy(v.data() + t * d.kv_size, v_rows + t * qkv_n, sizeof(float) * d.kv_size);
+                std::memcpy(v.data() + t * kv_size, v_rows + t * qkv_n, sizeof(float) * kv_size);
         g_attention->attend(q.data(), o.data(), ptr<const void>(w[kKCache]), ptr<const void>(w[kVCache]),
                             verify ? k.data() : nullptr, verify ? v.data() : nullptr,
                             reinterpret_cast<const int32_t*>(req_to_token),
@@ -124,10 +120,10 @@ void forward(uintptr_t embeddings, uintptr_t out, uintptr_t layer_table, int64_t
                             reinterpret_cast<const int64_t*>(seq_lens),
                             reinterpret_cast<const int64_t*>(ext_lens),
                             reinterpret_cast<const int64_t*>(starts), reinterpret_cast<const uint8_t*>(tree),
-                            tree_n, batch, heads, kv_heads, head_dim, d.v_dim, r2t_stride, scale, 0.0, false,
+                            tree_n, batch, heads, kv_heads, head_dim, head_dim, r2t_stride, scale, 0.0, false,
                             true, threads);
         g_gemm->gemm(o.data(), ptr<const float>(w[kO]), ptr<const float>(w[kOBias]), hid.data(), tokens, hidden,
-                     heads * d.v_dim, threads);
+                     heads * head_dim, threads);
         // MLP
         g_ops->rmsnorm(hid.data(), res.data(), ptr<const float>(w[kPostNorm]), x.data(), res.data(), tokens,
                        hidden, f_eps);
