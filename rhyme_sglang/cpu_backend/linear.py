@@ -218,7 +218,7 @@ def kernel_choice(out_features: int, in_features: int, dtype: torch.dtype,
     key = "|".join([machine_key(), MEASURE_METHOD, f"{torch.get_num_threads()}/{kernel_threads()}",
                     str(dtype).removeprefix("torch."),
                     str(out_features), str(in_features), ",".join(map(str, BUCKETS)),
-                    ",".join(KERNELS)])
+                    ",".join(KERNELS), f"native-r{getattr(_native, 'revision', 0)}"])
     if key in _choices:
         return _choices[key]
     cache = cache_path() if cache is None else cache

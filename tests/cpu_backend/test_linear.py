@@ -92,16 +92,17 @@ def test_native_matches_f_linear(monkeypatch, rows, with_bias):
 
 @pytest.mark.skipif(not HAS_NATIVE, reason="the native GEMM module is not built")
 @pytest.mark.parametrize("threads", [1, 2])
-def test_native_row_does_not_depend_on_other_rows(monkeypatch, threads):
+@pytest.mark.parametrize("in_features", [96, 77, 20])  # whole k blocks of the kernel, a part, less than one
+def test_native_row_does_not_depend_on_other_rows(monkeypatch, threads, in_features):
     """What makes a verify tree's rows bit-identical to decoding them one at a time."""
     from rhyme_sglang import machine
 
     monkeypatch.setenv(linear.MODE_ENV, "native")
     monkeypatch.setattr(machine, "_kernel_threads", threads)
     gen = torch.Generator().manual_seed(7)
-    weight, bias = torch.randn(200, 96, generator=gen), torch.randn(200, generator=gen)
+    weight, bias = torch.randn(200, in_features, generator=gen), torch.randn(200, generator=gen)
     layer = _layer()
-    batch = torch.randn(33, 96, generator=gen)
+    batch = torch.randn(33, in_features, generator=gen)
     together = linear.linear(layer, batch, weight, bias)
     for rows in (1, 2, 9, 17):
         part = linear.linear(layer, batch[-rows:].contiguous(), weight, bias)
