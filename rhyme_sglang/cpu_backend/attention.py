@@ -39,13 +39,13 @@ whose GEMMs are faster there (measured: from ~16 query rows at a 256-token prefi
 
 from __future__ import annotations
 
-import os
 import weakref
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
+from rhyme_sglang.cpu_backend import env_choice
 from rhyme_sglang.machine import kernel_threads
 
 try:
@@ -61,9 +61,7 @@ _LIB = None
 
 def native_enabled() -> bool:
     """Whether the native paged path is used (``RHYME_CPU_ATTENTION``: auto, native, torch)."""
-    choice = os.environ.get("RHYME_CPU_ATTENTION", "auto")
-    if choice not in ATTENTION_IMPLS:
-        raise ValueError(f"RHYME_CPU_ATTENTION must be one of {ATTENTION_IMPLS}, got {choice!r}")
+    choice = env_choice("RHYME_CPU_ATTENTION", ATTENTION_IMPLS, "auto")
     if choice == "native" and _native is None:
         raise ValueError("RHYME_CPU_ATTENTION=native but rhyme_sglang.cpu_backend._rhyme_attention "
                          "is not built (run `pip install -e .` or `make setup`)")

@@ -24,14 +24,13 @@ on every lean-eligible forward, raising if their hidden states differ in any bit
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-from rhyme_sglang.cpu_backend import attention, linear, native_step, small_ops
+from rhyme_sglang.cpu_backend import attention, env_choice, linear, native_step, small_ops
 
 logger = logging.getLogger(__name__)
 MODE_ENV = "RHYME_CPU_LEAN"
@@ -40,10 +39,7 @@ _FITS_ATTR = "_rhyme_lean_fits"
 
 
 def mode(env: Optional[dict] = None) -> str:
-    text = (os.environ if env is None else env).get(MODE_ENV, "on").strip() or "on"
-    if text not in MODES:
-        raise ValueError(f"{MODE_ENV} must be one of {MODES}, got {text!r}")
-    return text
+    return env_choice(MODE_ENV, MODES, "on", env)
 
 
 class LeanMismatch(RuntimeError):

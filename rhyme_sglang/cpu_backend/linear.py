@@ -41,6 +41,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from rhyme_sglang.cpu_backend import env_choice
 from rhyme_sglang.machine import kernel_threads
 
 logger = logging.getLogger(__name__)
@@ -70,10 +71,7 @@ def weights_changed() -> None:
 
 
 def mode(env: Optional[dict] = None) -> str:
-    text = (os.environ if env is None else env).get(MODE_ENV, "auto").strip() or "auto"
-    if text not in MODES:
-        raise ValueError(f"{MODE_ENV} must be one of {MODES}, got {text!r}")
-    return text
+    return env_choice(MODE_ENV, MODES, "auto", env)
 
 
 def bucket_index(rows: int) -> int:

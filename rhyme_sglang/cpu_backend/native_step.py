@@ -14,12 +14,11 @@ loop runs. ``RHYME_CPU_STEP=python`` keeps the Python loop everywhere (``native`
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple, Optional
 
 import torch
 
-from rhyme_sglang.cpu_backend import linear, small_ops
+from rhyme_sglang.cpu_backend import env_choice, linear, small_ops
 from rhyme_sglang.machine import kernel_threads
 
 try:
@@ -36,10 +35,7 @@ _STACK_ATTR = "_rhyme_native_stack"
 
 
 def enabled(env: Optional[dict] = None) -> bool:
-    text = (os.environ if env is None else env).get(MODE_ENV, "native").strip() or "native"
-    if text not in MODES:
-        raise ValueError(f"{MODE_ENV} must be one of {MODES}, got {text!r}")
-    return text == "native" and _native is not None
+    return env_choice(MODE_ENV, MODES, "native", env) == "native" and _native is not None
 
 
 class _Stack(NamedTuple):

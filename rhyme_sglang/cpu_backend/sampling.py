@@ -17,9 +17,9 @@ that name (sglang 0.5.23), so sglang's verify code calls it unchanged.
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+from rhyme_sglang.cpu_backend import env_choice
 
 SAMPLING_IMPLS = ("inverse_cdf", "torch")
 
@@ -27,10 +27,7 @@ SAMPLING_IMPLS = ("inverse_cdf", "torch")
 def sampling_impl() -> str:
     """Plain sampling's draw on CPU (``RHYME_CPU_SAMPLING``): ``inverse_cdf`` (the default,
     :func:`sample_rows`) or ``torch`` (sglang's ``torch.multinomial``)."""
-    choice = os.environ.get("RHYME_CPU_SAMPLING", "inverse_cdf")
-    if choice not in SAMPLING_IMPLS:
-        raise ValueError(f"RHYME_CPU_SAMPLING must be one of {SAMPLING_IMPLS}, got {choice!r}")
-    return choice
+    return env_choice("RHYME_CPU_SAMPLING", SAMPLING_IMPLS, "inverse_cdf")
 
 
 def _as_row_values(values, num_rows: int) -> list:

@@ -16,10 +16,11 @@ polynomial good to ~1e-7 relative).
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import torch
+
+from rhyme_sglang.cpu_backend import env_choice
 
 try:
     from . import _rhyme_ops as _native
@@ -31,10 +32,7 @@ MODES = ("native", "torch")
 
 
 def enabled(env: Optional[dict] = None) -> bool:
-    text = (os.environ if env is None else env).get(MODE_ENV, "native").strip() or "native"
-    if text not in MODES:
-        raise ValueError(f"{MODE_ENV} must be one of {MODES}, got {text!r}")
-    return text == "native" and _native is not None
+    return env_choice(MODE_ENV, MODES, "native", env) == "native" and _native is not None
 
 
 def _fp32_cpu(*tensors: torch.Tensor) -> bool:

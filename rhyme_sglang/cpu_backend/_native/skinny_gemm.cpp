@@ -8,8 +8,8 @@
 // accumulators in registers and, for each k in order, loads the panel's two vectors once,
 // broadcasts x[r][k] and adds the products: each output element is a single running sum over
 // k = 0 .. K-1 in order, in its own lane. The first row tile of a panel prefetches the panel
-// stream kAhead steps of k ahead; with more rows than a tile, the tiles take turns over short
-// blocks of k (run_panels).
+// stream kAhead steps of k ahead; with a few more rows than a tile, the tiles take turns over
+// short blocks of k (run_panels).
 //
 // So a row's result does not depend on how many other rows share the call or where the row
 // sits among them: the same input row gives the same bits at M = 1 (a decode step) and as one
@@ -44,10 +44,11 @@ namespace {
 using namespace rhyme_vec;
 
 // Bumped when the kernel's speed changes: linear.py measures its choices again under it.
-// 2: row tiles take turns over blocks of k.
-constexpr int kRevision = 2;
+// 2: row tiles take turns over blocks of k; 3: only up to kMaxBlockedRows rows.
+constexpr int kRevision = 3;
 constexpr int64_t kAhead = 32;  // k steps of the panel stream prefetched ahead
 constexpr int64_t kBlock = 32;  // k steps of a panel that every row tile passes before the next
+constexpr int64_t kMaxBlockedRows = 24;  // more rows than this run each tile over the whole of k
 
 struct Problem {
     const float* x;       // [M, K], row stride K
@@ -132,24 +133,26 @@ template <int W, int NR>
     }
 }
 
-// Panels [p0, p1) for every row. With more rows than one tile, every tile passes a block of
-// kBlock steps of k (a few KB of the panel, found in L1 by all but the first tile) before any
-// goes on, keeping its sums in `acc` between blocks: the first tile's prefetches then stream
-// the panel from memory while the others compute, instead of memory idling while later tiles
-// re-read a whole panel from L2 (9 rows cost 1.22x one row over a step's weights, 1.06x with
-// blocks; 12 rows 1.41x and 1.13x; AVX2 EPYC, 2 threads, stop 38). Storing a sum and loading
-// it back is exact, so each output is still one running sum over k in order.
+// Panels [p0, p1) for every row. With more rows than one tile (up to kMaxBlockedRows), every
+// tile passes a block of kBlock steps of k (a few KB of the panel, found in L1 by all but the
+// first tile) before any goes on, keeping its sums in `sums` between blocks: the first tile's
+// prefetches then stream the panel from memory while the others compute, instead of memory
+// idling while later tiles re-read a whole panel from L2. Storing a sum and loading it back is
+// exact, so each output is still one running sum over k in order. Measured on an AVX2 EPYC
+// (2 threads, stop 38), the 30 layers of SmolLM2 streamed from memory: 9 rows cost 1.22x one
+// row before and 1.06x with blocks, 12 rows 1.41x and 1.13x, 18 rows 1.81x and 1.48x; at 24-32
+// rows both ways cost the same, and from 48 rows, or with the weights in cache (prefill), the
+// blocks' extra traffic made it slower (4096 rows: 160 -> 53 GFLOP/s), hence the bound.
 template <int W, int NR>
 [[gnu::always_inline]] inline void run_panels(const Problem& p, int64_t p0, int64_t p1) {
     constexpr int64_t P = 2 * W;
-    const int64_t block = p.m > NR ? kBlock : p.k;
-    thread_local std::vector<float> sums;
-    if (block < p.k && static_cast<int64_t>(sums.size()) < p.m * P) sums.resize(p.m * P);
+    const int64_t block = (p.m > NR && p.m <= kMaxBlockedRows) ? kBlock : p.k;
+    alignas(64) float sums[kMaxBlockedRows * P];
     for (int64_t pi = p0; pi < p1; ++pi) {
         const float* panel = p.panels + pi * p.k * P;
         const int64_t c0 = pi * P, valid = std::min<int64_t>(P, p.n - c0);
         for (int64_t k0 = 0; k0 < p.k; k0 += block)
-            run_block<W, NR>(p, panel, c0, valid, k0, std::min(p.k, k0 + block), sums.data());
+            run_block<W, NR>(p, panel, c0, valid, k0, std::min(p.k, k0 + block), sums);
     }
 }
 
