@@ -43,8 +43,13 @@ of vanilla's throughput. So:
   instead of the best, so every competitive cell is refreshed, the plain baseline always
   (a verify cell whose rate is under ``explore_within`` of the best is not: re-running it
   costs a slow step, and ``max_jump`` keeps one stall from pushing a cell that far);
-* a bucket's plain step is measured by this model before any verify there, and a seeded
-  cell is a prior that its first measurement replaces (stop 14: seeds from an earlier run
+* a verify is judged against plain steps this model measured at the batch size, or within
+  ``baseline_near`` of it (a plain step is run first where there are none), never against a
+  cell extrapolated from other sizes, and where a verify wins by less than ``close_call``
+  the bucket's plain step is re-run every ``close_refresh`` decisions (stop 39: a plain cell
+  measured in one slow round kept width-1 verifies chosen for the next two at batch 16,
+  49 ms a step against plain steps of 38-39 ms); a seeded cell is a prior that its first
+  measurement replaces (stop 14: seeds from an earlier run
   read a batch-16 plain step at 0.56 s against vanilla's 0.38-0.39 s, and at alpha 0.2 the
   engine's own measurements took many refreshes to pull it down).
 
@@ -119,6 +124,9 @@ class SpecCostModel:
     calibration_decay: float = 0.02  # weight of one request's verify in those sums
     calibration_prior: float = 1.0  # predicted tokens' worth of the overall calibration per level
     max_jump: float = 2.0  # one measurement moves a cell by at most this factor
+    baseline_near: float = 0.1  # plain measured within this fraction of a batch size (>= 1 request)
+    close_call: float = 1.25  # a verify winning by less than this factor over plain ...
+    close_refresh: int = 8  # ... re-measures plain when the bucket ran none for this many decisions
     # (bucket, width) -> [seconds of a whole step, batch size], both EMAs of what was measured
     _cell: Dict[Tuple[int, int], list] = field(default_factory=dict)
     _seen: Dict[Tuple[int, int], int] = field(default_factory=dict)  # cell -> decision it was measured at
@@ -129,6 +137,13 @@ class SpecCostModel:
     _levels: Dict[int, list] = field(default_factory=dict)
     _curve: Optional[list] = None  # (tokens per forward, seconds) of every cell; None = stale
     _by_width: Dict[int, list] = field(default_factory=dict)  # width -> sorted points; {} = stale
+    # batch size -> seconds of a plain step at exactly that size (EMA), measured by this model;
+    # the baseline a verify is judged against, read near the decided size (baseline_near)
+    _plain: Dict[int, float] = field(default_factory=dict)
+    _plain_sizes: list = field(default_factory=list)  # sorted keys of _plain
+    # the last decision's best verify rate over the plain rate (0: no verify had a gain;
+    # None: plain was chosen to measure it); the worker skips drafting after clear losses
+    last_advantage: Optional[float] = None
 
     def __post_init__(self) -> None:
         self.widths = check_widths(self.widths)
@@ -142,6 +157,11 @@ class SpecCostModel:
             raise ValueError(f"calibration_decay must be in (0, 1], got {self.calibration_decay}")
         if not self.max_jump > 1.0:
             raise ValueError(f"max_jump must be > 1, got {self.max_jump}")
+        if self.close_call < 1.0 or self.close_refresh < 1:
+            raise ValueError(f"close_call must be >= 1 and close_refresh >= 1, got "
+                             f"{self.close_call} and {self.close_refresh}")
+        if not 0.0 <= self.baseline_near < 1.0:
+            raise ValueError(f"baseline_near must be in [0, 1), got {self.baseline_near}")
 
     @property
     def candidates(self) -> Tuple[int, ...]:
@@ -165,6 +185,8 @@ class SpecCostModel:
         if not batch_size <= rows <= full:
             raise ValueError(f"rows must be in [{batch_size}, {full}] for {batch_size} requests "
                              f"at width {width}, got {rows!r}")
+        if width == PLAIN:
+            self._observe_plain(batch_size, seconds)
         key = (bucket_of(batch_size), width)
         cell = self._cell.get(key)
         if cell is None or key not in self._seen:  # a seeded prior gives way to the first measurement
@@ -177,6 +199,46 @@ class SpecCostModel:
             cell[2] = (1 - self.alpha) * cell[2] + self.alpha * rows
         self._seen[key] = self._decisions
         self._stale()
+
+    def _observe_plain(self, batch_size: int, seconds: float) -> None:
+        old = self._plain.get(batch_size)
+        if old is None:
+            bisect.insort(self._plain_sizes, batch_size)
+            self._plain[batch_size] = seconds
+            return
+        seconds = min(max(seconds, old / self.max_jump), old * self.max_jump)
+        self._plain[batch_size] = (1 - self.alpha) * old + self.alpha * seconds
+
+    def _near_plain(self, batch_size: int) -> Optional[float]:
+        """A plain step's seconds at ``batch_size`` from this model's plain steps at sizes
+        within ``baseline_near`` of it (at least one request): the exact size, else linear
+        between the nearest measured sizes on each side, else the nearest one scaled along its
+        bucket's cell. None when no plain step was measured that near.
+
+        Why not the cells alone: a cell is an EMA of (batch size, seconds) over every step of
+        its bucket, and its reading at another size is extrapolated. At batch 16 a plain cell
+        measured at 11.8 requests (the steps while a round's prefills were still joining) read
+        56.7 ms against 42-44 ms measured at 16, and width-1 verifies (51 ms) looked cheaper
+        than plain steps for a whole round (stop 39, bench_serving)."""
+        exact = self._plain.get(batch_size)
+        if exact is not None:
+            return exact
+        reach = max(1.0, self.baseline_near * batch_size)
+        sizes = self._plain_sizes
+        i = bisect.bisect_left(sizes, batch_size)
+        lo = sizes[i - 1] if i > 0 and batch_size - sizes[i - 1] <= reach else None
+        hi = sizes[i] if i < len(sizes) and sizes[i] - batch_size <= reach else None
+        if lo is not None and hi is not None:
+            y0, y1 = self._plain[lo], self._plain[hi]
+            return y0 + (y1 - y0) * (batch_size - lo) / (hi - lo)
+        near = lo if lo is not None else hi
+        if near is None:
+            return None
+        cell = self._cell.get((bucket_of(batch_size), PLAIN))
+        if cell is None:
+            return self._plain[near] * batch_size / near
+        return self._plain[near] * self._at(cell, batch_size, PLAIN) / max(
+            self._at(cell, near, PLAIN), 1e-12)
 
     def observe_acceptance(self, predicted: float, accepted: int) -> None:
         """Calibrate the store's acceptance estimate against one request's verify: the ratio of
@@ -306,7 +368,16 @@ class SpecCostModel:
         """Estimated seconds of a whole step from this width's measurements (None when the
         batch size's bucket was never measured at that width)."""
         cell = self._cell.get((bucket_of(batch_size), width))
-        return None if cell is None else self._at(cell, batch_size, width)
+        if cell is None:
+            return None
+        near = self._near_plain(batch_size) if width == PLAIN else None
+        return self._at(cell, batch_size, width) if near is None else near
+
+    def _baseline_measured(self, batch_size: int) -> bool:
+        """Whether this model ran plain steps in the batch size's bucket (a seeded cell is a
+        prior, not a measurement) and within ``baseline_near`` of the size itself."""
+        return ((bucket_of(batch_size), PLAIN) in self._seen
+                and self._near_plain(batch_size) is not None)
 
     def estimate(self, batch_size: int, width: int) -> Optional[float]:
         """Measured seconds of a step, else the tokens-per-forward curve's estimate."""
@@ -364,14 +435,17 @@ class SpecCostModel:
         if horizon is not None and len(horizon.remaining) != batch_size:
             raise ValueError(f"horizon has {len(horizon.remaining)} requests, batch has {batch_size}")
         self._decisions += 1
+        self.last_advantage = 0.0
         useful = [w for w in self.widths if expected.get(w, 0.0) > 0.0]
         if not useful:
             return PLAIN
         bucket = bucket_of(batch_size)
-        if (bucket, PLAIN) not in self._seen:
-            return PLAIN  # measure the baseline first (a seeded one too)
+        if not self._baseline_measured(batch_size):
+            self.last_advantage = None
+            return PLAIN  # measure the baseline at this batch size first (a seeded one too)
         rates = self.rates(batch_size, expected, calibrated, horizon, critical)
         plain_rate = rates[PLAIN]
+        self.last_advantage = max((rates[w] or 0.0) for w in useful) / plain_rate
         known = {w: rates[w] for w in useful if self.step_time(batch_size, w) is not None}
         best_known = max([plain_rate] + list(known.values()))
         for w in sorted(useful, key=lambda w: -(rates[w] or float("inf"))):
@@ -442,8 +516,12 @@ class SpecCostModel:
             raise ValueError(f"horizon has {len(horizon.remaining)} requests, batch has {bs}")
         plain = (PLAIN, [0] * bs)
         bucket = bucket_of(bs)
-        if (bucket, PLAIN) not in self._seen or not any(len(g) and g[0] > 0 for g in gains):
+        self.last_advantage = 0.0
+        if not any(len(g) and g[0] > 0 for g in gains):
             return plain
+        if not self._baseline_measured(bs):
+            self.last_advantage = None
+            return plain  # measure the baseline at this batch size first (a seeded one too)
         critical = set() if horizon is None else set(horizon.critical())
 
         def useful(tokens: float, critical_gain: float) -> float:
@@ -486,6 +564,7 @@ class SpecCostModel:
                         best[width] = (top_rate, counts)
         if not best:
             return plain
+        self.last_advantage = max(r for r, _ in best.values()) / plain_rate
         known = {w: r for w, (r, _) in best.items() if self.step_time(bs, w) is not None}
         best_known = max([plain_rate] + list(known.values()))
         for w in sorted(best, key=lambda w: -best[w][0]):
@@ -509,6 +588,10 @@ class SpecCostModel:
         engines, whose kernels may have been slower (stop 35: verify cells saved with one
         kernel thread read 2-3x a plain step where a verify now costs 1.5x, and were never
         run again)."""
+        plain_rate, rate = rates.get(PLAIN), rates.get(choice)
+        if (choice != PLAIN and plain_rate and rate and rate < self.close_call * plain_rate
+                and self._decisions - self._seen.get((bucket, PLAIN), -1) >= self.close_refresh):
+            return PLAIN  # a close call: the baseline it hangs on is re-measured often
         if self._decisions % self.reexplore_every or len(rates) < 2:
             return choice
         best = max(r or 0.0 for r in rates.values())
@@ -533,9 +616,54 @@ class SpecCostModel:
                          if (b, w) in self._cell}
                 for b in buckets
             },
+            "plain_seconds_by_batch_size": {str(b): self._plain[b] for b in self._plain_sizes},
             "measured_at_batch_size": {
                 str(b): {str(w): self._cell[(b, w)][1] for w in self.candidates
                          if (b, w) in self._cell}
                 for b in buckets
             },
         }
+
+
+@dataclass
+class DraftRest:
+    """Steps on which the worker does not draft at all, because the cost model has just said
+    that a verify would lose clearly.
+
+    A decode step's drafts cost a store lookup per request before the cost model can decide
+    (stop 39, batch 8-16 with one round of history: 1.1-2.0 ms a step, 4-5% of a plain
+    step), and where drafts do not pay the decision is plain step after step. After a plain
+    decision whose best verify rate was under ``below`` times the plain rate, the next
+    ``2 ** streak - 1`` steps (at most ``longest``) are plain without drafting; a verify or a
+    close call ends the rest, and so does a request new to the batch (its drafts are unknown).
+    Which steps verify never changes what is sampled, so this only moves speed."""
+
+    below: float = 0.95
+    longest: int = 7
+    _streak: int = 0
+    _left: int = 0
+    rested: int = 0  # steps that skipped drafting
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.below <= 1.0:
+            raise ValueError(f"below must be in [0, 1], got {self.below}")
+        if self.longest < 0:
+            raise ValueError(f"longest must be >= 0, got {self.longest}")
+
+    def resting(self, new_requests: bool) -> bool:
+        """Whether this step skips drafting (called once per decode step)."""
+        if new_requests:
+            self._streak = self._left = 0
+        if self._left <= 0:
+            return False
+        self._left -= 1
+        self.rested += 1
+        return True
+
+    def decided(self, width: int, advantage: Optional[float]) -> None:
+        """The cost model's decision for a step that drafted, with its ``last_advantage``."""
+        if width == PLAIN and advantage is not None and advantage < self.below:
+            self._streak += 1
+            self._left = min((1 << min(self._streak, 16)) - 1, self.longest)
+        else:
+            self._streak = self._left = 0

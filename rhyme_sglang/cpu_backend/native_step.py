@@ -46,7 +46,7 @@ class _Stack(NamedTuple):
 
     key: tuple
     table: Optional[torch.Tensor]
-    keep: list = []
+    keep: tuple = ()
     dims: tuple = ()
     rotary: object = None
     scale: float = 0.0
@@ -114,7 +114,7 @@ def _build(model, pool, bucket: int, key) -> _Stack:
     hidden = layers[0].mlp.down_proj.weight.shape[0]
     cache_rows = min(t.shape[0] for t in caches)  # the store checks every row against it
     dims = (hidden, heads, kv_heads, head_dim, inter, cache_rows)
-    return _Stack(key, torch.tensor(rows, dtype=torch.int64), keep, dims, rotary,
+    return _Stack(key, torch.tensor(rows, dtype=torch.int64), tuple(keep), dims, rotary,
                   float(radix.scaling), model.norm.weight.data, eps)
 
 

@@ -36,6 +36,7 @@ class ControlCommands:
         out = self.stats.as_dict()
         cost_model = self.cost.as_dict()
         cost_model["seeded_cells"] = self.step_costs.seeded if self.step_costs else 0
+        cost_model["rested_steps"] = self.rest.rested  # plain steps that skipped drafting
         out.update(
             cost_model=cost_model, breakdown=timeline.breakdown(),
             epoch=self.store.epoch, num_prompts=self.store.num_prompts,

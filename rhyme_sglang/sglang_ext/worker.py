@@ -32,7 +32,8 @@ from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
 from rhyme_sglang.core import DraftStore, group_leaders, lpt_group_order, prompt_key
 from rhyme_sglang.core.breakdown import decode_kind
-from rhyme_sglang.core.cost_model import PLAIN, SpecCostModel, check_widths, default_widths
+from rhyme_sglang.core.cost_model import (PLAIN, DraftRest, SpecCostModel, check_widths,
+                                          default_widths)
 from rhyme_sglang.core.horizon import Horizon, remaining_tokens
 from rhyme_sglang.core.draft import best_first_order, expected_accepts, truncate
 from rhyme_sglang.sglang_ext import step_kinds, timeline
@@ -78,6 +79,7 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         self.widths = (check_widths(self.config.widths, self.max_width) if self.config.widths
                        else default_widths(self.max_width))
         self.cost = SpecCostModel(widths=self.widths)
+        self.rest = DraftRest()  # plain steps that skip drafting after clear losses
         self.step_costs = None  # saved step costs: a warm cost model across engine starts
         if self.config.cost_cache and self.config.adaptive and not self.config.cycle_widths:
             self.step_costs = StepCostCache.for_engine(server_args, target_worker.model_runner)
@@ -113,8 +115,13 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
             return super().forward_batch_generation(batch, on_publish, pp_proxy_tensors)
         bs = len(batch.reqs)
         t0 = time.perf_counter()
-        drafts = self._draft_batch(batch)
-        width, counts = self._choose_width(batch, drafts)
+        if self._resting(batch):
+            width, counts = PLAIN, None
+        else:
+            drafts = self._draft_batch(batch)
+            width, counts = self._choose_width(batch, drafts)
+            if self._adaptive(batch):
+                self.rest.decided(width, self.cost.last_advantage)
         lens = None  # a ragged verify: each request's tree nodes
         if width:
             tokens, masks, lens = self._layout(batch, drafts, width, counts)
@@ -134,6 +141,20 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
             self.step_costs.observed(self.cost)
         self.stats.count_step(decode_kind(width))
         return result
+
+    def _adaptive(self, batch) -> bool:
+        """Whether the cost model picks this step's width (else it is the largest)."""
+        return bool(self.config.adaptive and not self.enable_overlap and not batch.has_grammar
+                    and not self.config.cycle_widths)
+
+    def _resting(self, batch) -> bool:
+        """Whether this step is plain without drafting (:class:`DraftRest`); a request the
+        store does not track yet ends the rest."""
+        if not self._adaptive(batch):
+            return False
+        with self.lock:
+            new = any(req.rid not in self._tracked for req in batch.reqs)
+        return self.rest.resting(new)
 
     def _choose_width(self, batch, drafts):
         """``(width, counts)``: the step's width (0 = plain) and, for a ragged verify, each

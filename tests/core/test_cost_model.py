@@ -3,8 +3,8 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from rhyme_sglang.core.cost_model import (PLAIN, SpecCostModel, bucket_of, check_widths,
-                                          default_widths)
+from rhyme_sglang.core.cost_model import (PLAIN, DraftRest, SpecCostModel, bucket_of,
+                                          check_widths, default_widths)
 from rhyme_sglang.core.horizon import Horizon, remaining_tokens
 from rhyme_sglang.core.draft import Draft, best_first_order, expected_accepts, truncate
 
@@ -211,11 +211,14 @@ def test_cost_at_a_batch_size_follows_the_measured_points_not_per_request_scalin
     assert m.step_time(32, PLAIN) == pytest.approx(true_plain(32))
     assert m.step_time(20, PLAIN) == pytest.approx(true_plain(20))
     assert m.step_time(32, PLAIN) < true_plain(17) * 32 / 17 * 0.85
-    # one request's worth of expected drafts does not pay for the wider step at full batch
-    assert m.choose_width(32, {1: 0.5}) == PLAIN
-    assert m.choose_width(32, {1: 8.0}) == 1
     d = m.as_dict()
     assert d["measured_at_batch_size"]["32"] == {"0": 17.0, "1": 32.0}
+    # the baseline is read, not extrapolated, before a verify is chosen: plain at 32 first
+    assert m.choose_width(32, {1: 8.0}) == PLAIN and m.last_advantage is None
+    m.observe_step(32, PLAIN, true_plain(32))
+    # one request's worth of expected drafts does not pay for the wider step at full batch
+    assert m.choose_width(32, {1: 0.5}) == PLAIN and 0 < m.last_advantage < 1
+    assert m.choose_width(32, {1: 8.0}) == 1 and m.last_advantage > 1
 
 
 def test_calibration_per_prediction_level():
@@ -376,7 +379,7 @@ def test_a_seeded_cell_is_run_once_however_slow_it_reads():
     """Seeds come from earlier engines (slower kernels, other code): a verify cell seeded at 3x
     a plain step is measured once at a re-exploration point, then judged on what it measured;
     a cell this model measured that slow is not re-run."""
-    m = SpecCostModel(widths=(4,), reexplore_every=8, alpha=1.0)
+    m = SpecCostModel(widths=(4,), reexplore_every=8, alpha=1.0, close_refresh=1000)
     m.seed({(4, PLAIN): 0.10, (4, 4): 0.30})
     m.observe_step(4, PLAIN, 0.10)  # plain measured here; the verify cell is only a seed
     expected = {4: 1.0}  # (4 + 1) / 0.30 = 17 tok/s against plain's 40: far behind
@@ -388,3 +391,80 @@ def test_a_seeded_cell_is_run_once_however_slow_it_reads():
     slow.observe_step(4, PLAIN, 0.10)
     slow.observe_step(4, 4, 0.30)  # measured here at 3x: not re-run
     assert [slow.choose_width(4, expected) for _ in range(16)] == [PLAIN] * 16
+
+
+def test_the_baseline_is_measured_near_the_batch_size_it_judges():
+    """Stop 39, bench_serving at batch 16: bucket 16's plain cell was measured while a round's
+    prefills were still joining (~12 requests, slow steps) and read 56 ms extrapolated to 16
+    requests, against 42-44 ms measured there; width-1 verifies (51 ms) looked cheaper than
+    plain steps for a whole round. A verify is now judged against plain steps measured within
+    ``baseline_near`` of the batch size."""
+    m = SpecCostModel(widths=(1,), reexplore_every=1000)
+    m.observe_step(8, PLAIN, 0.0336)
+    for _ in range(5):
+        m.observe_step(12, PLAIN, 0.045)
+    m.observe_step(15, 1, 0.051, rows=16)
+    gains = [[0.01]] + [[]] * 15
+    old_plain = m._at(m._cell[(16, PLAIN)], 16, PLAIN)  # what the cell alone reads at 16
+    assert old_plain > 0.055 > 0.051 * 16 / 15  # the verify measured cheaper than plain read:
+    assert m.step_time_rows(16, 1) == pytest.approx(old_plain)  # floored there, any gain won
+    assert m.choose_rows(16, gains) == (PLAIN, [0] * 16) and m.last_advantage is None
+    m.observe_step(16, PLAIN, 0.043)
+    assert m.step_time(16, PLAIN) == pytest.approx(0.043)
+    assert m.choose_rows(16, gains) == (PLAIN, [0] * 16) and 0 < m.last_advantage < 1
+    # between measured sizes near enough on each side: linear
+    m.observe_step(14, PLAIN, 0.041)
+    assert m.step_time(15, PLAIN) == pytest.approx(0.042)
+    assert m.choose_width(32, {1: 4.0}) == PLAIN and m.last_advantage is None  # bucket 32: unmeasured
+    with pytest.raises(ValueError, match="baseline_near"):
+        SpecCostModel(baseline_near=1.0)
+
+
+def test_draft_rest_backs_off_after_clear_losses_and_wakes_on_news():
+    rest = DraftRest(below=0.8, longest=7)
+    steps = []
+    for _ in range(4):  # clear losses: rest 1, then 3, then 7 steps
+        rest.decided(PLAIN, 0.5)
+        n = 0
+        while rest.resting(new_requests=False):
+            n += 1
+        steps.append(n)
+    assert steps == [1, 3, 7, 7] and rest.rested == 18
+    rest.decided(PLAIN, 0.9)  # a close call: draft every step
+    assert not rest.resting(False)
+    rest.decided(PLAIN, 0.5)
+    rest.decided(1, 2.0)  # a verify ends the streak
+    assert not rest.resting(False)
+    rest.decided(PLAIN, None)  # plain to measure the baseline: no verdict on the drafts
+    assert not rest.resting(False)
+    rest.decided(PLAIN, 0.0)
+    rest.decided(PLAIN, 0.0)
+    assert rest.resting(False)
+    assert not rest.resting(new_requests=True)  # a new request: draft now, streak over
+    rest.decided(PLAIN, 0.0)
+    assert rest.resting(False) and not rest.resting(False)
+    assert not DraftRest(longest=0).resting(False)
+    for bad in (dict(below=1.5), dict(longest=-1)):
+        with pytest.raises(ValueError):
+            DraftRest(**bad)
+
+
+def test_a_close_call_re_measures_the_plain_baseline_often():
+    m = SpecCostModel(widths=(1,), reexplore_every=1000, close_call=1.25, close_refresh=4,
+                      alpha=1.0)
+    m.observe_step(8, PLAIN, 0.050)  # one slow plain step
+    m.observe_step(8, 1, 0.045, rows=16)
+    gains = [[0.1]] * 8  # (8 + 0.8) / 0.045 = 196 tok/s against 8 / 0.05 = 160: x1.22
+    picks = []
+    for _ in range(8):
+        width, _counts = m.choose_rows(8, gains)
+        picks.append(width)
+        m.observe_step(8, width, 0.030 if width == PLAIN else 0.045, rows=16 if width else None)
+    assert picks[:4] == [1, 1, 1, PLAIN]  # the plain step is re-run within close_refresh
+    assert m.step_time(8, PLAIN) < 0.045 and picks[4:] == [PLAIN] * 4  # then plain wins
+    far = SpecCostModel(widths=(1,), reexplore_every=1000, close_refresh=1)
+    far.observe_step(8, PLAIN, 0.050)
+    far.observe_step(8, 1, 0.045, rows=16)
+    assert [far.choose_rows(8, [[0.9]] * 8)[0] for _ in range(3)] == [1, 1, 1]  # no close call
+    with pytest.raises(ValueError, match="close_call"):
+        SpecCostModel(close_call=0.5)
