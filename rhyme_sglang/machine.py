@@ -39,6 +39,16 @@ class GemmProbe(NamedTuple):
         return f"fp32 {self.float32:.1f} GFLOP/s, bf16 {self.bfloat16:.1f} GFLOP/s ({self.source})"
 
 
+def env_choice(name: str, choices: tuple, default: str, env: dict | None = None) -> str:
+    """The value of the switch ``name`` in ``env`` (the process environment by default),
+    ``default`` when unset or blank; a ValueError naming the variable when it is not one of
+    ``choices``."""
+    text = (os.environ if env is None else env).get(name, default).strip() or default
+    if text not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {text!r}")
+    return text
+
+
 def choose_dtype(requested: Optional[str], probe: Optional[GemmProbe], cuda: bool) -> str:
     """The dtype to run: an explicit one wins; ``auto``/None is bf16 on CUDA, and on a CPU bf16
     only when the probe says bf16 GEMMs run at least as fast as fp32 ones."""

@@ -16,16 +16,6 @@ PTH_NAME = "rhyme_sglang_cpu_backend.pth"
 PTH_LINE = "import rhyme_sglang.cpu_backend.bootstrap\n"
 
 
-def env_choice(name: str, choices: tuple, default: str, env: dict | None = None) -> str:
-    """The value of the switch ``name`` in ``env`` (the process environment by default),
-    ``default`` when unset or blank; a ValueError naming the variable when it is not one of
-    ``choices``."""
-    text = (os.environ if env is None else env).get(name, default).strip() or default
-    if text not in choices:
-        raise ValueError(f"{name} must be one of {choices}, got {text!r}")
-    return text
-
-
 def pth_path() -> Path:
     return Path(sysconfig.get_paths()["purelib"]) / PTH_NAME
 

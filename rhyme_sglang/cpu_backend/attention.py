@@ -45,8 +45,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from rhyme_sglang.cpu_backend import env_choice
-from rhyme_sglang.machine import kernel_threads
+from rhyme_sglang.machine import env_choice, kernel_threads
 
 try:
     from . import _rhyme_attention as _native

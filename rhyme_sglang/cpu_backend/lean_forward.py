@@ -30,7 +30,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from rhyme_sglang.cpu_backend import attention, env_choice, linear, native_step, small_ops
+from rhyme_sglang.cpu_backend import attention, linear, native_step, small_ops
+from rhyme_sglang.machine import env_choice
 
 logger = logging.getLogger(__name__)
 MODE_ENV = "RHYME_CPU_LEAN"

@@ -41,8 +41,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from rhyme_sglang.cpu_backend import env_choice
-from rhyme_sglang.machine import kernel_threads
+from rhyme_sglang.machine import env_choice, kernel_threads
 
 logger = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from rhyme_sglang.cpu_backend import env_choice, linear, small_ops
-from rhyme_sglang.machine import kernel_threads
+from rhyme_sglang.cpu_backend import linear, small_ops
+from rhyme_sglang.machine import env_choice, kernel_threads
 
 try:
     from . import _rhyme_attention, _rhyme_gemm, _rhyme_ops, _rhyme_step

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from rhyme_sglang.cpu_backend import env_choice
+from rhyme_sglang.machine import env_choice
 
 SAMPLING_IMPLS = ("inverse_cdf", "torch")
 

@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from rhyme_sglang.cpu_backend import env_choice
+from rhyme_sglang.machine import env_choice
 
 try:
     from . import _rhyme_ops as _native
