@@ -193,12 +193,16 @@ class SpecCostModel:
             self._cell[key] = [seconds, float(batch_size), float(rows)]
         else:
             old = self._at(cell, batch_size, width)  # the cell's estimate at this batch size
-            seconds = min(max(seconds, old / self.max_jump), old * self.max_jump)
+            seconds = self._bounded(seconds, old)
             cell[0] = (1 - self.alpha) * cell[0] + self.alpha * seconds
             cell[1] = (1 - self.alpha) * cell[1] + self.alpha * batch_size
             cell[2] = (1 - self.alpha) * cell[2] + self.alpha * rows
         self._seen[key] = self._decisions
         self._stale()
+
+    def _bounded(self, seconds: float, old: float) -> float:
+        """A measurement moves an estimate at most ``max_jump`` times its current value."""
+        return min(max(seconds, old / self.max_jump), old * self.max_jump)
 
     def _observe_plain(self, batch_size: int, seconds: float) -> None:
         old = self._plain.get(batch_size)
@@ -206,7 +210,7 @@ class SpecCostModel:
             bisect.insort(self._plain_sizes, batch_size)
             self._plain[batch_size] = seconds
             return
-        seconds = min(max(seconds, old / self.max_jump), old * self.max_jump)
+        seconds = self._bounded(seconds, old)
         self._plain[batch_size] = (1 - self.alpha) * old + self.alpha * seconds
 
     def _near_plain(self, batch_size: int) -> Optional[float]:

@@ -115,12 +115,14 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
             return super().forward_batch_generation(batch, on_publish, pp_proxy_tensors)
         bs = len(batch.reqs)
         t0 = time.perf_counter()
-        if self._resting(batch):
+        # the cost model picks the width (not a fixed or cycled one): drafting may rest
+        learned = self._widths_vary(batch) and not self.config.cycle_widths
+        if learned and self._resting(batch):
             width, counts = PLAIN, None
         else:
             drafts = self._draft_batch(batch)
             width, counts = self._choose_width(batch, drafts)
-            if self._adaptive(batch):
+            if learned:
                 self.rest.decided(width, self.cost.last_advantage)
         lens = None  # a ragged verify: each request's tree nodes
         if width:
@@ -142,16 +144,14 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         self.stats.count_step(decode_kind(width))
         return result
 
-    def _adaptive(self, batch) -> bool:
-        """Whether the cost model picks this step's width (else it is the largest)."""
-        return bool(self.config.adaptive and not self.enable_overlap and not batch.has_grammar
-                    and not self.config.cycle_widths)
+    def _widths_vary(self, batch) -> bool:
+        """Whether this step may take any width (else the largest: GPU overlap scheduling
+        relays the last step's tokens with a fixed stride; grammar batches; ``adaptive=False``)."""
+        return bool(self.config.adaptive and not self.enable_overlap and not batch.has_grammar)
 
     def _resting(self, batch) -> bool:
         """Whether this step is plain without drafting (:class:`DraftRest`); a request the
         store does not track yet ends the rest."""
-        if not self._adaptive(batch):
-            return False
         with self.lock:
             new = any(req.rid not in self._tracked for req in batch.reqs)
         return self.rest.resting(new)
@@ -159,9 +159,8 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
     def _choose_width(self, batch, drafts):
         """``(width, counts)``: the step's width (0 = plain) and, for a ragged verify, each
         request's number of draft nodes (None: every request up to ``width``). The largest
-        width when widths may not vary (GPU overlap scheduling relays the last step's tokens
-        with a fixed stride; grammar batches) or the model is off (``adaptive=False``)."""
-        if not (self.config.adaptive and not self.enable_overlap and not batch.has_grammar):
+        width when widths may not vary (:meth:`_widths_vary`)."""
+        if not self._widths_vary(batch):
             return self.max_width, None
         if self.config.cycle_widths:
             self._cycle_step += 1
