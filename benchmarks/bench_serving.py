@@ -73,6 +73,7 @@ def _decode_summary(breakdown: dict) -> dict:
     out["prefill"] = {"steps": pre.get("steps", 0), "seconds": round(pre.get("seconds", 0.0), 3)}
     for key in ("draft_s", "postprocess_s", "schedule_s"):
         out[key] = round(breakdown.get(key, 0.0), 3)
+    out["minor_faults"] = breakdown.get("minor_faults")  # the scheduler's, in the round
     return out
 
 

@@ -10,6 +10,9 @@
 * ``draft_s`` (draft lookups, part of the decode steps' seconds), ``postprocess_s`` (result processing after
   each forward), ``schedule_s`` (between steps while requests are in flight) and ``idle_s``
   (between steps with nothing in flight);
+* ``minor_faults``: the process's minor page faults in the window (pages the kernel mapped
+  and zeroed on first touch; a step that keeps re-mapping its buffers shows here, see
+  :mod:`rhyme_sglang.cpu_backend.malloc`);
 * a timeline of steps ``[t, kind, batch_size, seconds, tokens]`` (t from the window start),
   decimated to at most ``max_steps`` entries so it stays bounded.
 
@@ -21,6 +24,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
+
+
+def minor_faults() -> int:
+    """This process's minor page faults so far (all threads; 0 where unknown)."""
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return 0
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
 
 
 @dataclass
@@ -52,16 +64,19 @@ def decode_kind(width: int) -> str:
 
 
 class TimeBreakdown:
-    def __init__(self, max_steps: int = 4096, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, max_steps: int = 4096, clock: Callable[[], float] = time.perf_counter,
+                 faults: Callable[[], int] = minor_faults):
         if max_steps < 2:
             raise ValueError(f"max_steps must be >= 2, got {max_steps}")
         self._clock = clock
+        self._faults = faults
         self._max = max_steps
         self.reset()
 
     def reset(self) -> None:
         """Start a new window (the totals and the timeline restart at zero)."""
         self.start = self._clock()
+        self._faults_at_start = self._faults()
         self.prefill = StepTotals()
         self.cached_tokens = 0
         self.decode: Dict[str, StepTotals] = {}
@@ -132,6 +147,7 @@ class TimeBreakdown:
             "schedule_s": self.schedule_s,
             "idle_s": self.idle_s,
             "unaccounted_s": max(0.0, window - accounted),
+            "minor_faults": self._faults() - self._faults_at_start,
             "timeline_stride": self._stride,
             "timeline": [list(e) for e in self._timeline],
         }

@@ -59,6 +59,7 @@ Standard library only.
 from __future__ import annotations
 
 import bisect
+from itertools import accumulate
 from dataclasses import dataclass, field
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
@@ -475,7 +476,7 @@ class SpecCostModel:
                 points.append((per_request * batch_size, self._at(cell, batch_size, w)))
         return sorted(points) if len(points) >= 2 else None
 
-    def step_time_rows(self, batch_size: int, extra: int, _points=None) -> Optional[float]:
+    def step_time_rows(self, batch_size: int, extra: int) -> Optional[float]:
         """Estimated seconds of a step of ``batch_size`` requests whose forward runs ``extra``
         draft rows beyond their ``batch_size`` last tokens (a verify of any shape; 0 = the
         plain step). Piecewise linear in ``extra`` through the plain cell and the measured
@@ -484,7 +485,7 @@ class SpecCostModel:
         over every cell when the bucket has fewer than two cells (None: nothing measured)."""
         if extra <= 0:
             return self.estimate(batch_size, PLAIN)
-        points = self._rows_points(batch_size) if _points is None else _points
+        points = self._rows_points(batch_size)
         if not points:
             return self._curve_at(batch_size + extra)
         for (x0, y0), (x1, y1) in zip(points, points[1:]):
@@ -527,38 +528,26 @@ class SpecCostModel:
             self.last_advantage = None
             return plain  # measure the baseline at this batch size first (a seeded one too)
         critical = set() if horizon is None else set(horizon.critical())
-
-        def useful(tokens: float, critical_gain: float) -> float:
-            if horizon is None:
-                return tokens
-            return horizon.useful(tokens, critical_gain / len(critical))
-
-        plain_rate = useful(bs, 0.0) / self.estimate(bs, PLAIN)
+        plain_rate = (bs if horizon is None else horizon.useful(bs, 0.0)) / self.estimate(bs, PLAIN)
         # every node (gain, request, its rank in the request), by gain; ties: earlier rank
         nodes = sorted(((float(g), i, j) for i, row in enumerate(gains)
                         for j, g in enumerate(row[: self.widths[-1]]) if g > 0),
                        key=lambda x: (-x[0], x[2]))
-        points = self._rows_points(bs)
-        times = [self.step_time_rows(bs, k, points) for k in range(len(nodes) + 1)]
-        if any(t is None for t in times):
+        times = self._rows_times(bs, len(nodes))
+        if times is None:
             return plain
         orders = [nodes]
-        if critical and horizon is not None:  # the long requests' nodes first
+        if critical and horizon is not None and len(critical) < bs:  # the long ones' nodes first
             orders.append([x for x in nodes if x[1] in critical]
                           + [x for x in nodes if x[1] not in critical])
+        deepest = max(x[2] for x in nodes)
         best: Dict[int, tuple] = {}  # cell width -> (rate, counts)
         for order in orders:
-            for cap in self.widths:
-                under = [x for x in order if x[2] < cap]
-                gain = crit = top_rate = 0.0
-                top_k = 0
-                for k, (g, i, _j) in enumerate(under, start=1):
-                    gain += g
-                    if i in critical:
-                        crit += g
-                    rate = useful(bs + gain, crit) / times[k]
-                    if rate > top_rate:
-                        top_rate, top_k = rate, k
+            for cap, below in zip(self.widths, (0,) + self.widths):
+                if below > deepest:
+                    break  # no node ranks this deep: the same nodes as the last cap
+                under = order if cap > deepest else [x for x in order if x[2] < cap]
+                top_rate, top_k = self._best_prefix(bs, under, times, horizon, critical)
                 if top_k:
                     counts = [0] * bs
                     for _g, i, _j in under[:top_k]:
@@ -579,6 +568,43 @@ class SpecCostModel:
         choice = ranking[0][1] if ranking else PLAIN
         choice = self._maybe_reexplore(bucket, choice, {PLAIN: plain_rate, **known})
         return plain if choice == PLAIN else (choice, best[choice][1])
+
+    def _rows_times(self, batch_size: int, n: int) -> Optional[list]:
+        """:meth:`step_time_rows` of 0..``n`` draft rows at ``batch_size``, in one walk along
+        the rows points (None when any is unknown)."""
+        first = self.estimate(batch_size, PLAIN)
+        points = self._rows_points(batch_size)
+        if not points:
+            rest = [self._curve_at(batch_size + k) for k in range(1, n + 1)]
+            return None if first is None or None in rest else [first] + rest
+        out, seg, last = [first], 0, len(points) - 2
+        floor = max(points[0][1], 1e-9)
+        for k in range(1, n + 1):
+            while seg < last and k > points[seg + 1][0]:
+                seg += 1  # the first segment reaching k (past the end: the last one)
+            (x0, y0), (x1, y1) = points[seg], points[seg + 1]
+            if x1 - x0 < 1e-9:
+                out.append(max(y1, 1e-9))
+            else:
+                out.append(max(y0 + (y1 - y0) * (k - x0) / (x1 - x0), floor))
+        return None if first is None else out
+
+    @staticmethod
+    def _best_prefix(batch_size: int, nodes: list, times: list, horizon: Optional[Horizon],
+                     critical: set) -> Tuple[float, int]:
+        """``(rate, k)``: the best rate of verifying the first ``k`` of ``nodes`` (``(gain,
+        request, rank)``, in the order they are taken) and that ``k`` (the first best; 0 when
+        no rate is positive). ``times[k]``: seconds of a step with ``k`` draft rows."""
+        if not nodes:
+            return 0.0, 0
+        tokens = [batch_size + g for g in accumulate(x[0] for x in nodes)]
+        if horizon is not None:
+            share = len(critical)
+            crit = accumulate((x[0] if x[1] in critical else 0.0) for x in nodes)
+            tokens = horizon.useful_each(tokens, [c / share for c in crit])
+        rates = [t / s for t, s in zip(tokens, times[1:])]
+        k = max(range(len(rates)), key=rates.__getitem__)
+        return (rates[k], k + 1) if rates[k] > 0.0 else (0.0, 0)
 
     def _maybe_reexplore(self, bucket: int, choice: int, rates: Mapping[int, float]) -> int:
         """``choice``, except every ``reexplore_every`` decisions: the stalest other cell

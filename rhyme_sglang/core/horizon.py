@@ -70,3 +70,9 @@ class Horizon:
         """Of a step's ``tokens`` (batch size + accepted drafts), those that shorten the
         rollout when the critical requests accept ``critical_gain`` drafts each."""
         return min(tokens, (1.0 + critical_gain) * self.work / self.longest)
+
+    def useful_each(self, tokens, critical_gains) -> list:
+        """:meth:`useful` of each pair of ``tokens`` and ``critical_gains`` (one list; the
+        cost model scores hundreds of candidate steps per decode step)."""
+        work, longest = self.work, self.longest
+        return [min(t, (1.0 + c) * work / longest) for t, c in zip(tokens, critical_gains)]

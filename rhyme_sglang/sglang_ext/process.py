@@ -4,15 +4,18 @@ from __future__ import annotations
 
 
 def run_scheduler_process(*args, **kwargs):
-    """Activate the CPU backend and set the compute threads in this fresh process, then run
-    sglang's scheduler."""
+    """Activate the CPU backend, set the compute threads and keep freed memory mapped
+    (:mod:`rhyme_sglang.cpu_backend.malloc`) in this fresh process, then run sglang's
+    scheduler."""
     from rhyme_sglang.sglang_ext.cpu_defaults import apply_cpu_defaults, on_cpu_only_machine
 
     apply_cpu_defaults({})
     if on_cpu_only_machine():
+        from rhyme_sglang.cpu_backend.malloc import keep_freed_memory
         from rhyme_sglang.machine import set_scheduler_threads
 
         set_scheduler_threads()
+        keep_freed_memory()
     from sglang.srt.managers.scheduler import run_scheduler_process as _run
 
     from rhyme_sglang.sglang_ext.timeline import maybe_serve

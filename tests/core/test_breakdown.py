@@ -59,3 +59,21 @@ def test_reset_starts_a_new_window_and_the_timeline_stays_bounded():
     assert decode_kind(0) == "plain" and decode_kind(4) == "verify_w4"
     with pytest.raises(ValueError):
         TimeBreakdown(max_steps=1)
+
+
+def test_minor_faults_count_the_window_only():
+    faults = iter([10, 25, 40, 1000, 1300])
+    b = TimeBreakdown(clock=Clock(), faults=lambda: next(faults))  # window starts at 10
+    assert b.as_dict(now=101.0)["minor_faults"] == 15
+    assert b.as_dict(now=102.0)["minor_faults"] == 30
+    b.reset()  # a new window starts at 1000
+    assert b.as_dict(now=103.0)["minor_faults"] == 300
+
+
+def test_minor_faults_of_this_process_grow_when_new_pages_are_touched():
+    from rhyme_sglang.core.breakdown import minor_faults
+
+    before = minor_faults()
+    block = bytearray(64 << 20)  # fresh pages: mapped and zeroed on first touch
+    block[:: 4096] = b"\x01" * len(block[:: 4096])
+    assert minor_faults() - before >= 1000

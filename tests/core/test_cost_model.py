@@ -468,3 +468,35 @@ def test_a_close_call_re_measures_the_plain_baseline_often():
     assert [far.choose_rows(8, [[0.9]] * 8)[0] for _ in range(3)] == [1, 1, 1]  # no close call
     with pytest.raises(ValueError, match="close_call"):
         SpecCostModel(close_call=0.5)
+
+
+def test_allocation_search_matches_the_direct_loops():
+    """``choose_rows``'s vectorised pieces equal the per-node loops they replace: the step
+    times of 0..n rows (``step_time_rows`` one by one) and the best prefix of a node order
+    (rates summed node by node; the first best wins)."""
+    import random
+
+    rng = random.Random(7)
+    for case in range(200):
+        m = SpecCostModel(widths=(1, 2, 4, 8, 16))
+        for _ in range(rng.randint(1, 12)):
+            bs, w = rng.randint(1, 40), rng.choice((0, 1, 2, 4, 8, 16))
+            m.observe_step(bs, w, rng.uniform(0.01, 0.3), None if w == 0 else bs + rng.randint(1, bs * w))
+        bs = rng.randint(1, 40)
+        n = rng.randint(0, 60)
+        times = m._rows_times(bs, n)
+        direct = [m.step_time_rows(bs, k) for k in range(n + 1)]
+        assert times == (None if None in direct else direct)
+        if times is None:
+            continue
+        nodes = [(rng.random(), rng.randrange(bs), 0) for _ in range(n)]
+        horizon = None if case % 2 else Horizon(tuple(rng.uniform(1, 50) for _ in range(bs)), 5.0)
+        critical = set() if horizon is None else set(horizon.critical())
+        best, gain, crit = (0.0, 0), 0.0, 0.0
+        for k, (g, i, _) in enumerate(nodes, start=1):
+            gain += g
+            crit += g if i in critical else 0.0
+            tokens = bs + gain if horizon is None else horizon.useful(bs + gain, crit / len(critical))
+            if tokens / times[k] > best[0]:
+                best = (tokens / times[k], k)
+        assert m._best_prefix(bs, nodes, times, horizon, critical) == best
