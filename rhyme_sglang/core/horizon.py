@@ -69,10 +69,10 @@ class Horizon:
     def useful(self, tokens: float, critical_gain: float) -> float:
         """Of a step's ``tokens`` (batch size + accepted drafts), those that shorten the
         rollout when the critical requests accept ``critical_gain`` drafts each."""
-        return min(tokens, (1.0 + critical_gain) * self.work / self.longest)
+        return min(tokens, self.limit(critical_gain))
 
-    def useful_each(self, tokens, critical_gains) -> list:
-        """:meth:`useful` of each pair of ``tokens`` and ``critical_gains`` (one list; the
-        cost model scores hundreds of candidate steps per decode step)."""
-        work, longest = self.work, self.longest
-        return [min(t, (1.0 + c) * work / longest) for t, c in zip(tokens, critical_gains)]
+    def limit(self, critical_gain):
+        """The most tokens a step can use when the critical requests accept ``critical_gain``
+        drafts each: ``(1 + critical_gain) * work / longest`` (a number, or elementwise for an
+        array of gains)."""
+        return (1.0 + critical_gain) * self.work / self.longest

@@ -1,5 +1,6 @@
 """The per-step width choice maximises expected tokens per second over measured step costs."""
 
+import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -471,7 +472,7 @@ def test_a_close_call_re_measures_the_plain_baseline_often():
 
 
 def test_allocation_search_matches_the_direct_loops():
-    """``choose_rows``'s vectorised pieces equal the per-node loops they replace: the step
+    """``choose_rows``'s array pieces equal the per-node loops they replace: the step
     times of 0..n rows (``step_time_rows`` one by one) and the best prefix of a node order
     (rates summed node by node; the first best wins)."""
     import random
@@ -499,4 +500,23 @@ def test_allocation_search_matches_the_direct_loops():
             tokens = bs + gain if horizon is None else horizon.useful(bs + gain, crit / len(critical))
             if tokens / times[k] > best[0]:
                 best = (tokens / times[k], k)
-        assert m._best_prefix(bs, nodes, times, horizon, critical) == best
+        is_critical = np.zeros(bs, dtype=bool)
+        is_critical[list(critical)] = True
+        gain, request = np.array([x[0] for x in nodes]), np.array([x[1] for x in nodes], dtype=int)
+        assert m._best_prefix(bs, gain, request, np.asarray(times[1:]), horizon,
+                              is_critical) == best
+
+
+def test_nodes_are_ordered_best_first_with_ties_by_rank_then_batch_order():
+    import random
+
+    from rhyme_sglang.core.cost_model import _Nodes
+
+    rng = random.Random(3)
+    for _ in range(100):
+        gains = [sorted((rng.choice((0.0, 0.25, 0.5, rng.random())) for _ in range(rng.randint(0, 20))),
+                        reverse=True) for _ in range(rng.randint(1, 12))]
+        nodes = _Nodes(gains, 16, len(gains))
+        expected = sorted(((g, i, j) for i, row in enumerate(gains) for j, g in enumerate(row[:16])
+                           if g > 0), key=lambda x: (-x[0], x[2]))
+        assert list(zip(nodes.gain.tolist(), nodes.request.tolist(), nodes.rank.tolist())) == expected
