@@ -504,15 +504,7 @@ class SpecCostModel:
         over every cell when the bucket has fewer than two cells (None: nothing measured)."""
         if extra <= 0:
             return self.estimate(batch_size, PLAIN)
-        points = self._rows_points(batch_size)
-        if not points:
-            return self._curve_at(batch_size + extra)
-        for (x0, y0), (x1, y1) in zip(points, points[1:]):
-            if extra <= x1:
-                break
-        if x1 - x0 < 1e-9:
-            return max(y1, 1e-9)
-        return max(y0 + (y1 - y0) * (extra - x0) / (x1 - x0), points[0][1], 1e-9)
+        return self._rows_times(batch_size, extra)[-1]
 
     def choose_rows(self, batch_size: int, gains: Sequence[Sequence[float]],
                     horizon: Optional[Horizon] = None):
@@ -550,7 +542,7 @@ class SpecCostModel:
         plain_rate = (bs if horizon is None else horizon.useful(bs, 0.0)) / self.estimate(bs, PLAIN)
         nodes = _Nodes(gains, self.widths[-1], bs)
         times = self._rows_times(bs, len(nodes.gain))
-        if times is None:
+        if None in times:
             return plain
         times = np.asarray(times[1:])  # times[k - 1]: a step with k draft rows
         orders = [np.arange(len(nodes.gain))]
@@ -588,16 +580,14 @@ class SpecCostModel:
         choice = self._maybe_reexplore(bucket, choice, {PLAIN: plain_rate, **known})
         return plain if choice == PLAIN else (choice, best[choice][1])
 
-    def _rows_times(self, batch_size: int, n: int) -> Optional[list]:
-        """:meth:`step_time_rows` of 0..``n`` draft rows at ``batch_size``, in one walk along
-        the rows points (None when any is unknown)."""
-        first = self.estimate(batch_size, PLAIN)
+    def _rows_times(self, batch_size: int, n: int) -> list:
+        """:meth:`step_time_rows` of 0..``n`` draft rows at ``batch_size`` (None where
+        unknown), in one walk along the rows points."""
+        out = [self.estimate(batch_size, PLAIN)]
         points = self._rows_points(batch_size)
         if not points:
-            rest = [self._curve_at(batch_size + k) for k in range(1, n + 1)]
-            return None if first is None or None in rest else [first] + rest
-        out, seg, last = [first], 0, len(points) - 2
-        floor = max(points[0][1], 1e-9)
+            return out + [self._curve_at(batch_size + k) for k in range(1, n + 1)]
+        seg, last, floor = 0, len(points) - 2, max(points[0][1], 1e-9)
         for k in range(1, n + 1):
             while seg < last and k > points[seg + 1][0]:
                 seg += 1  # the first segment reaching k (past the end: the last one)
@@ -606,7 +596,7 @@ class SpecCostModel:
                 out.append(max(y1, 1e-9))
             else:
                 out.append(max(y0 + (y1 - y0) * (k - x0) / (x1 - x0), floor))
-        return None if first is None else out
+        return out
 
     @staticmethod
     def _best_prefix(batch_size: int, gain, request, times, horizon: Optional[Horizon],

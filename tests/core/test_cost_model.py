@@ -471,9 +471,24 @@ def test_a_close_call_re_measures_the_plain_baseline_often():
         SpecCostModel(close_call=0.5)
 
 
+def _rows_time_direct(m, bs, extra):
+    """``step_time_rows`` as its docstring says it, one row count at a time."""
+    if extra <= 0:
+        return m.estimate(bs, PLAIN)
+    points = m._rows_points(bs)
+    if not points:
+        return m._curve_at(bs + extra)
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if extra <= x1:
+            break
+    if x1 - x0 < 1e-9:
+        return max(y1, 1e-9)
+    return max(y0 + (y1 - y0) * (extra - x0) / (x1 - x0), points[0][1], 1e-9)
+
+
 def test_allocation_search_matches_the_direct_loops():
     """``choose_rows``'s array pieces equal the per-node loops they replace: the step
-    times of 0..n rows (``step_time_rows`` one by one) and the best prefix of a node order
+    times of 0..n rows (the segment search one row count at a time) and the best prefix of a node order
     (rates summed node by node; the first best wins)."""
     import random
 
@@ -486,9 +501,8 @@ def test_allocation_search_matches_the_direct_loops():
         bs = rng.randint(1, 40)
         n = rng.randint(0, 60)
         times = m._rows_times(bs, n)
-        direct = [m.step_time_rows(bs, k) for k in range(n + 1)]
-        assert times == (None if None in direct else direct)
-        if times is None:
+        assert times == [_rows_time_direct(m, bs, k) for k in range(n + 1)]
+        if None in times:
             continue
         nodes = [(rng.random(), rng.randrange(bs), 0) for _ in range(n)]
         horizon = None if case % 2 else Horizon(tuple(rng.uniform(1, 50) for _ in range(bs)), 5.0)
