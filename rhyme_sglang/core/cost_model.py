@@ -121,11 +121,11 @@ class _Nodes:
     best-first order, as arrays (at batch 32 x 16 nodes the search scores hundreds of
     candidate steps on every decode step)."""
 
-    def __init__(self, gains: Sequence[Sequence[float]], deepest: int, batch_size: int):
-        rows = [list(row[:deepest]) for row in gains]
+    def __init__(self, gains: Sequence[Sequence[float]], deepest: int):
+        rows = [row[:deepest] for row in gains]
         sizes = [len(row) for row in rows]
         gain = np.fromiter((g for row in rows for g in row), dtype=np.float64, count=sum(sizes))
-        request = np.repeat(np.arange(batch_size), sizes)
+        request = np.repeat(np.arange(len(rows)), sizes)
         rank = np.arange(len(gain)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
         keep = gain > 0
         gain, request, rank = gain[keep], request[keep], rank[keep]
@@ -538,9 +538,8 @@ class SpecCostModel:
         if not self._baseline_measured(bs):
             self.last_advantage = None
             return plain  # measure the baseline at this batch size first (a seeded one too)
-        critical = set() if horizon is None else set(horizon.critical())
         plain_rate = (bs if horizon is None else horizon.useful(bs, 0.0)) / self.estimate(bs, PLAIN)
-        nodes = _Nodes(gains, self.widths[-1], bs)
+        nodes = _Nodes(gains, self.widths[-1])
         times = self._rows_times(bs, len(nodes.gain))
         if None in times:
             return plain
@@ -548,8 +547,8 @@ class SpecCostModel:
         orders = [np.arange(len(nodes.gain))]
         is_critical = np.zeros(bs, dtype=bool)
         if horizon is not None:
-            is_critical[list(critical)] = True
-            if len(critical) < bs:  # the long requests' nodes first
+            is_critical[list(horizon.critical())] = True
+            if not is_critical.all():  # the long requests' nodes first
                 first = is_critical[nodes.request]
                 orders.append(np.concatenate([orders[0][first], orders[0][~first]]))
         deepest = int(nodes.rank.max())

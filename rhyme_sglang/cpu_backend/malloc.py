@@ -24,7 +24,6 @@ are left alone: the function reports what it did.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 
 from rhyme_sglang.machine import env_choice
@@ -39,9 +38,10 @@ SETTINGS = ((M_TRIM_THRESHOLD, 2**31 - 1), (M_MMAP_THRESHOLD, 32 << 20), (M_MMAP
 
 
 def _glibc():
-    """This process's glibc (None under another C library)."""
+    """This process's glibc (None under another C library): the symbols already loaded, so
+    no library search runs at scheduler start."""
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc = ctypes.CDLL(None)
         libc.gnu_get_libc_version.restype = ctypes.c_char_p
         libc.gnu_get_libc_version()
     except (OSError, AttributeError):

@@ -530,7 +530,7 @@ def test_nodes_are_ordered_best_first_with_ties_by_rank_then_batch_order():
     for _ in range(100):
         gains = [sorted((rng.choice((0.0, 0.25, 0.5, rng.random())) for _ in range(rng.randint(0, 20))),
                         reverse=True) for _ in range(rng.randint(1, 12))]
-        nodes = _Nodes(gains, 16, len(gains))
+        nodes = _Nodes(gains, 16)
         expected = sorted(((g, i, j) for i, row in enumerate(gains) for j, g in enumerate(row[:16])
                            if g > 0), key=lambda x: (-x[0], x[2]))
         assert list(zip(nodes.gain.tolist(), nodes.request.tolist(), nodes.rank.tolist())) == expected

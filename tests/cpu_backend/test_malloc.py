@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -28,15 +29,10 @@ print(json.dumps({"done": done, "faults_per_buffer": (faults() - before) / 10}))
 
 
 def _probe(mode: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", PROBE], env={**_env(), "RHYME_CPU_MALLOC": mode},
+    out = subprocess.run([sys.executable, "-c", PROBE],
+                         env={**os.environ, "RHYME_CPU_MALLOC": mode},
                          capture_output=True, text=True, timeout=120, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def _env() -> dict:
-    import os
-
-    return dict(os.environ)
 
 
 @pytest.mark.skipif(malloc._glibc() is None, reason="glibc's mallopt only")
