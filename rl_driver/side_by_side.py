@@ -60,10 +60,9 @@ def _history_states(config, before_epoch: int):
 
 def _engine_args(config, name: str) -> Dict[str, Any]:
     kwargs = config.engine.server_args(str(config.run_dir / "final"))
-    if name == "vanilla":
-        for key in ("speculative_algorithm", "speculative_num_draft_tokens",
-                    "rhyme_schedule_policy"):
-            kwargs.pop(key, None)
+    if name == "vanilla":  # plain sglang: no speculation and none of RHYME's knobs
+        for key in [k for k in kwargs if k.startswith(("speculative_", "rhyme_"))]:
+            del kwargs[key]
     else:
         kwargs.update(speculative_algorithm="RHYME")
     return kwargs
