@@ -33,22 +33,28 @@ def lpt_group_order(keys: Sequence, predicted: Mapping) -> List[int]:
     return sorted(range(len(keys)), key=lambda i: (-predicted.get(keys[i], 0.0), first[keys[i]]))
 
 
+MIN_SHARED = 32  # prompt tokens worth holding a sibling back a prefill pass for
+
+
 def group_leaders(keys: Sequence, running_keys: Collection, prompt_lens: Sequence[int],
-                  prefilling_keys: Collection = (), min_shared: int = 32) -> List[bool]:
+                  prefilling_keys: Collection = (), min_shared: int = MIN_SHARED,
+                  cached_keys: Collection = ()) -> List[bool]:
     """Which waiting requests a prefill pass may take now: the first request of each prompt
-    group, and every request whose group already has a request running (its prompt is in the
-    prefix cache). The rest wait a pass, so they prefill from the cache instead of beside a
-    sibling in one batch, where none of them can hit it; so do the siblings of a prompt being
-    prefilled in chunks (``prefilling_keys``). Prompts shorter than ``min_shared`` tokens are
-    never held back (too little to share)."""
+    group, and every request whose group already has a request running or whose prompt the
+    prefix cache already holds (``cached_keys``: all but fewer than ``min_shared`` tokens).
+    The rest wait a pass, so they prefill from the cache instead of beside a sibling in one
+    batch, where none of them can hit it; so do the siblings of a prompt being prefilled in
+    chunks (``prefilling_keys``). Prompts shorter than ``min_shared`` tokens are never held
+    back (too little to share)."""
     _check_lengths(keys, prompt_lens, "prompt_lens")
     started = set(running_keys) | set(prefilling_keys)
+    free = set(running_keys) | set(cached_keys)
     take = []
     for key, length in zip(keys, prompt_lens):
         if length < min_shared:
             take.append(True)
             continue
-        take.append(key not in started or key in running_keys)
+        take.append(key not in started or key in free)
         started.add(key)
     return take
 

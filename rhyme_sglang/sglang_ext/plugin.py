@@ -74,7 +74,8 @@ def prefill_hook(original, *args, **kwargs):
     running = args[1] if len(args) > 1 else kwargs.get("running_batch")
     held = worker.hold_back_siblings(scheduler.waiting_queue,
                                      running.reqs if running is not None else [],
-                                     getattr(scheduler, "chunked_req", None))
+                                     getattr(scheduler, "chunked_req", None),
+                                     getattr(scheduler, "tree_cache", None))
     try:
         return original(*args, **kwargs)
     finally:

@@ -42,6 +42,7 @@ class SpecStats:
         self._max = max_latency_samples
         self._next = 0
         self.steps: dict = {}  # decode steps by kind: "plain", "verify_w<width>"
+        self.held_back = 0  # requests held back a prefill pass for a sibling's prompt (per pass)
 
     def count_step(self, kind: str) -> None:
         self.steps[kind] = self.steps.get(kind, 0) + 1
@@ -75,4 +76,5 @@ class SpecStats:
         out["per_epoch"] = {str(k): v.as_dict() for k, v in sorted(self.by_epoch.items())}
         out["lookup_us_p50"] = self.lookup_us_p50()
         out["decode_steps"] = dict(self.steps)
+        out["group_prefill_held"] = self.held_back
         return out

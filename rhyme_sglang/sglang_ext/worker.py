@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Optional
 
@@ -31,6 +32,7 @@ import numpy as np
 from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
 from rhyme_sglang.core import DraftStore, group_leaders, lpt_group_order, prompt_key
+from rhyme_sglang.core.ordering import MIN_SHARED
 from rhyme_sglang.core.breakdown import decode_kind
 from rhyme_sglang.core.cost_model import (PLAIN, DraftRest, SpecCostModel, check_widths,
                                           default_widths)
@@ -66,6 +68,22 @@ def _custom(req, key):
     except ValueError:
         return None
     return value
+
+
+def _prompt_cached(tree_cache, req) -> bool:
+    """Whether the prefix cache holds ``req``'s prompt but for fewer than ``MIN_SHARED``
+    tokens. Asked once per request (kept on it): a prompt cached when its group arrived
+    stays worth sharing from, and a group that starts prefilling is running from then on."""
+    cached = getattr(req, "_rhyme_prompt_cached", None)
+    if cached is None:
+        from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+        from sglang.srt.mem_cache.common import _req_radix_key
+
+        prompt = req.origin_input_ids
+        key = _req_radix_key(tree_cache, req, prompt, max(len(prompt) - 1, 0))
+        hit = tree_cache.match_prefix(MatchPrefixParams(key=key)).device_prefix_len
+        cached = req._rhyme_prompt_cached = len(prompt) - hit < MIN_SHARED
+    return cached
 
 
 class RhymeWorker(ControlCommands, NGRAMWorker):
@@ -336,21 +354,37 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
             predicted = {key: self.store.predict_length(key) for key in set(keys)}
         queue[:] = [queue[i] for i in lpt_group_order(keys, predicted)]
 
-    def hold_back_siblings(self, queue, running_reqs, chunked_req=None) -> list:
+    def hold_back_siblings(self, queue, running_reqs, chunked_req=None, tree_cache=None) -> list:
         """Before a prefill pass: take out of ``queue`` (in place) and return the requests that
         should wait one pass because a sibling's prompt is not in the prefix cache yet (see
-        :func:`rhyme_sglang.core.group_leaders`). The caller puts them back after the pass."""
+        :func:`rhyme_sglang.core.group_leaders`). The caller puts them back after the pass.
+
+        With the scheduler's ``tree_cache``, a group whose prompt the cache already holds goes
+        whole (stop 40: ``bench_serving`` reran cached prompts, and holding their siblings
+        back only added a prefill pass), and nothing is held where the cache shares no
+        prefix (``--disable-radix-cache``)."""
         if not self.config.group_prefill or len(queue) < 2:
+            return []
+        if tree_cache is not None and not tree_cache.supports_prefix_sharing():
             return []
         keys = [self._prompt_key_of(req) for req in queue]
         running = {self._prompt_key_of(req) for req in running_reqs}
         prefilling = () if chunked_req is None else (self._prompt_key_of(chunked_req),)
+        cached = ()
+        if tree_cache is not None:
+            waiting = Counter(keys)
+            first = {}
+            for key, req in zip(keys, queue):
+                first.setdefault(key, req)
+            cached = {key for key, req in first.items() if waiting[key] > 1
+                      and key not in running and _prompt_cached(tree_cache, req)}
         take = group_leaders(keys, running, [len(req.origin_input_ids) for req in queue],
-                             prefilling)
+                             prefilling, cached_keys=cached)
         if all(take):
             return []
         held = [req for req, ok in zip(queue, take) if not ok]
         queue[:] = [req for req, ok in zip(queue, take) if ok]
+        self.stats.held_back += len(held)
         return held
 
     @staticmethod

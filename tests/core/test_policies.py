@@ -130,6 +130,15 @@ def test_group_leaders_hold_siblings_of_a_chunked_prefill():
         False, False, True]
 
 
+def test_group_leaders_take_all_of_a_cached_prompt():
+    keys = ["a", "a", "b", "b", "c", "c"]
+    take = group_leaders(keys, set(), [100] * 6, cached_keys={"a", "c"})
+    assert take == [True, True, True, False, True, True]
+    # a chunked prefill of a cached prompt holds nothing back (little is left to share)
+    assert group_leaders(["a", "a"], set(), [100] * 2, prefilling_keys={"a"},
+                         cached_keys={"a"}) == [True, True]
+
+
 def test_group_leaders_never_hold_short_prompts():
     assert group_leaders(["a", "a", "a", "a"], set(), [8, 40, 8, 40], min_shared=32) == [
         True, True, True, False]

@@ -216,15 +216,25 @@ def test_siblings_prefill_from_their_leaders_cached_prompt(tiny):
     ``rhyme_group_prefill=False``: one pass of all 32 requests, 1280 tokens, 0 cached.)"""
     engine = tiny("tiny-rhyme")
     prompts = [[60 + i for i in range(40)], [110 + i for i in range(40)]]
+    params = {"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}
     engine.flush_cache_blocking()
     engine.rhyme_breakdown(reset=True)
-    out = engine.generate(input_ids=[p for p in prompts for _ in range(16)],
-                          sampling_params={"temperature": 0, "max_new_tokens": 4, "ignore_eos": True})
+    held = engine.rhyme_stats()["group_prefill_held"]
+    out = engine.generate(input_ids=[p for p in prompts for _ in range(16)], sampling_params=params)
     prefill = engine.rhyme_breakdown()["prefill"]
     assert prefill["cached_tokens"] >= 30 * 32, prefill  # 30 siblings, ~39 cached tokens each
     assert prefill["tokens"] <= 2 * 40 + 30 * 8, prefill  # vs 32 x 40 with no sharing
+    assert engine.rhyme_stats()["group_prefill_held"] >= held + 30
     for g in range(2):  # greedy siblings agree
         assert len({tuple(o["output_ids"]) for o in out[16 * g:16 * g + 16]}) == 1
+    # the same prompts again: the cache holds them, so no sibling waits a pass for them
+    held = engine.rhyme_stats()["group_prefill_held"]
+    engine.rhyme_breakdown(reset=True)
+    again = engine.generate(input_ids=[p for p in prompts for _ in range(16)], sampling_params=params)
+    prefill = engine.rhyme_breakdown()["prefill"]
+    assert engine.rhyme_stats()["group_prefill_held"] == held
+    assert prefill["cached_tokens"] >= 32 * 32, prefill
+    assert [o["output_ids"] for o in again] == [o["output_ids"] for o in out]
 
 
 def test_bad_control_input_is_refused_and_history_intact(tiny, tmp_path):
