@@ -70,7 +70,8 @@ def _decode_summary(breakdown: dict) -> dict:
     out = {kind: {"steps": v["steps"], "seconds": round(v["seconds"], 3)}
            for kind, v in sorted(breakdown.get("decode", {}).items())}
     pre = breakdown.get("prefill", {})
-    out["prefill"] = {"steps": pre.get("steps", 0), "seconds": round(pre.get("seconds", 0.0), 3)}
+    out["prefill"] = {"steps": pre.get("steps", 0), "seconds": round(pre.get("seconds", 0.0), 3),
+                      "tokens": pre.get("tokens", 0), "cached_tokens": pre.get("cached_tokens", 0)}
     for key in ("draft_s", "postprocess_s", "schedule_s"):
         out[key] = round(breakdown.get(key, 0.0), 3)
     out["minor_faults"] = breakdown.get("minor_faults")  # the scheduler's, in the round
