@@ -66,8 +66,10 @@ def _round(url: str, prompts, batch: int, max_new_tokens: int) -> tuple[float, i
 
 
 def _decode_summary(breakdown: dict) -> dict:
-    """A round's breakdown, compacted: steps and seconds per decode kind, prefill, the rest."""
-    out = {kind: {"steps": v["steps"], "seconds": round(v["seconds"], 3)}
+    """A round's breakdown, compacted: steps, seconds, tokens emitted and forward rows per decode
+    kind, prefill, the rest."""
+    out = {kind: {"steps": v["steps"], "seconds": round(v["seconds"], 3), "tokens": v.get("tokens"),
+                  "rows": v.get("rows")}
            for kind, v in sorted(breakdown.get("decode", {}).items())}
     pre = breakdown.get("prefill", {})
     out["prefill"] = {"steps": pre.get("steps", 0), "seconds": round(pre.get("seconds", 0.0), 3),

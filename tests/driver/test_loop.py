@@ -52,7 +52,9 @@ def test_epochs_metrics_and_history(finished_run):
     assert responses == sorted(responses) and responses[-1] > responses[0]  # history grows
     epochs = [max(m["history_epoch"]) for m in lines]
     assert epochs[-1] > epochs[0]  # the history epoch advances with each weight update
-    assert max(m["tau"] for m in lines[1:]) > 1.0  # history drafts get accepted
+    # RHYME's engines count speculative steps (tau is 1.0 without them); whether drafts are
+    # accepted is the cost model's call here, and the side-by-side test checks that they are
+    assert max(m["tau"] for m in lines[1:]) > 1.0
     assert [m["train"]["version"] for m in lines] == list(range(1, EPOCHS + MORE + 1))
 
 
@@ -124,7 +126,12 @@ def test_side_by_side_runs_vanilla_and_rhyme_at_once(finished_run):
     for name in ("vanilla", "rhyme"):
         assert expected <= r[name]["output_tokens"] <= expected * config.rollout.max_new_tokens
         assert r[name]["makespan_s"] > 0
-    assert r["vanilla"]["tau"] == 1.0 and r["rhyme"]["tau"] > 1.0  # history drafts accepted
+    assert r["vanilla"]["tau"] == 1.0
+    # history drafts were accepted: tau is above what the prefills' first tokens alone give
+    # (output tokens over verify steps, each request's first token from its prefill)
+    tokens = r["rhyme"]["output_tokens"]
+    assert tokens > expected  # decode steps ran
+    assert r["rhyme"]["tau"] > tokens / (tokens - expected), (r["rhyme"]["tau"], tokens)
     assert r["speedup_tokens_per_s"] == pytest.approx(
         r["rhyme"]["tokens_per_s"] / r["vanilla"]["tokens_per_s"])
     for name in ("vanilla", "rhyme"):  # each engine's start-up output went to its own log
