@@ -64,28 +64,11 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from rhyme_sglang.core.calibration import AcceptanceCalibration
 from rhyme_sglang.core.horizon import Horizon
+from rhyme_sglang.core.node_search import DraftNodes, best_prefix
 
 PLAIN = 0  # the width of a plain decode step
-# levels of one request's predicted accepted drafts, each calibrated on its own
-CALIBRATION_EDGES = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
-
-
-def _level_of(predicted: float) -> int:
-    return bisect.bisect_right(CALIBRATION_EDGES, predicted)
-
-
-def _level_name(k: int) -> str:
-    lo = CALIBRATION_EDGES[k - 1] if k > 0 else 0.0
-    return f"{lo:g}+" if k == len(CALIBRATION_EDGES) else f"{lo:g}-{CALIBRATION_EDGES[k]:g}"
-
-
-def _level_mid(k: int) -> float:
-    lo = CALIBRATION_EDGES[k - 1] if k > 0 else 0.0
-    hi = CALIBRATION_EDGES[k] if k < len(CALIBRATION_EDGES) else 2 * lo
-    return (lo + hi) / 2
-
-
 def bucket_of(batch_size: int) -> int:
     """Power-of-two bucket of a batch size (1, 2, 4, 8, ...)."""
     if batch_size < 1:
@@ -115,24 +98,6 @@ def default_widths(max_width: int) -> Tuple[int, ...]:
                         | {max_width}))
 
 
-class _Nodes:
-    """Every draft node of a batch with a positive gain, best first (ties: the shallower
-    node, then batch order): its ``gain``, ``request`` and ``rank`` in that request's
-    best-first order, as arrays (at batch 32 x 16 nodes the search scores hundreds of
-    candidate steps on every decode step)."""
-
-    def __init__(self, gains: Sequence[Sequence[float]], deepest: int):
-        rows = [row[:deepest] for row in gains]
-        sizes = [len(row) for row in rows]
-        gain = np.fromiter((g for row in rows for g in row), dtype=np.float64, count=sum(sizes))
-        request = np.repeat(np.arange(len(rows)), sizes)
-        rank = np.arange(len(gain)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
-        keep = gain > 0
-        gain, request, rank = gain[keep], request[keep], rank[keep]
-        order = np.lexsort((rank, -gain))  # stable: equal keys keep batch order
-        self.gain, self.request, self.rank = gain[order], request[order], rank[order]
-
-
 @dataclass
 class SpecCostModel:
     widths: Tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -140,8 +105,7 @@ class SpecCostModel:
     reexplore_every: int = 64
     margin: float = 1.0  # verify only when its rate beats margin * the plain rate
     explore_within: float = 0.5  # try an unmeasured cell if its estimate >= this * best rate
-    calibration: float = 1.0  # accepted / predicted drafts, over recent request verifies
-    calibration_decay: float = 0.02  # weight of one request's verify in those sums
+    calibration_decay: float = 0.02  # weight of one request's verify in the calibration's sums
     calibration_prior: float = 1.0  # predicted tokens' worth of the overall calibration per level
     max_jump: float = 2.0  # one measurement moves a cell by at most this factor
     baseline_near: float = 0.1  # plain measured within this fraction of a batch size (>= 1 request)
@@ -151,10 +115,7 @@ class SpecCostModel:
     _cell: Dict[Tuple[int, int], list] = field(default_factory=dict)
     _seen: Dict[Tuple[int, int], int] = field(default_factory=dict)  # cell -> decision it was measured at
     _decisions: int = 0
-    # exponentially weighted [predicted, accepted] drafts behind ``calibration``, overall and
-    # per level of one request's prediction (CALIBRATION_EDGES)
-    _overall: list = field(default_factory=lambda: [0.0, 0.0])
-    _levels: Dict[int, list] = field(default_factory=dict)
+    _calibration: AcceptanceCalibration = field(init=False)
     _curve: Optional[list] = None  # (tokens per forward, seconds) of every cell; None = stale
     _by_width: Dict[int, list] = field(default_factory=dict)  # width -> sorted points; {} = stale
     # batch size -> seconds of a plain step at exactly that size (EMA), measured by this model;
@@ -175,6 +136,7 @@ class SpecCostModel:
             raise ValueError(f"explore_within must be in [0, 1], got {self.explore_within}")
         if not 0.0 < self.calibration_decay <= 1.0:
             raise ValueError(f"calibration_decay must be in (0, 1], got {self.calibration_decay}")
+        self._calibration = AcceptanceCalibration(self.calibration_decay, self.calibration_prior)
         if not self.max_jump > 1.0:
             raise ValueError(f"max_jump must be > 1, got {self.max_jump}")
         if self.close_call < 1.0 or self.close_refresh < 1:
@@ -182,6 +144,11 @@ class SpecCostModel:
                              f"{self.close_call} and {self.close_refresh}")
         if not 0.0 <= self.baseline_near < 1.0:
             raise ValueError(f"baseline_near must be in [0, 1), got {self.baseline_near}")
+
+    @property
+    def calibration(self) -> float:
+        """Accepted over predicted drafts, over recent request verifies (all levels)."""
+        return self._calibration.factor
 
     @property
     def candidates(self) -> Tuple[int, ...]:
@@ -265,32 +232,14 @@ class SpecCostModel:
             self._at(cell, near, PLAIN), 1e-12)
 
     def observe_acceptance(self, predicted: float, accepted: int) -> None:
-        """Calibrate the store's acceptance estimate against one request's verify: the ratio of
-        exponentially weighted sums of accepted and predicted drafts (``calibration_decay``
-        per request). Not a moving average of per-request ratios: those are heavy-tailed
-        (most verifies of poor drafts accept 0, a few accept many), and at ``alpha`` per
-        request one batch-32 step would replace the whole estimate."""
-        if predicted > 0:
-            d = self.calibration_decay
-            for sums in (self._overall, self._levels.setdefault(_level_of(predicted), [0.0, 0.0])):
-                sums[0] = (1 - d) * sums[0] + predicted
-                sums[1] = (1 - d) * sums[1] + accepted
-            self.calibration = min(max(self._overall[1] / self._overall[0], 0.02), 10.0)
+        """Calibrate the store's acceptance estimate against one request's verify
+        (:class:`rhyme_sglang.core.calibration.AcceptanceCalibration`)."""
+        self._calibration.observe(predicted, accepted)
 
     def calibrated(self, predicted: float) -> float:
-        """Expected accepted drafts of one request whose drafts the store predicts ``predicted``
-        accepted: scaled by the calibration of its prediction level, shrunk toward the overall
-        calibration while that level has few verifies (``calibration_prior`` predicted tokens'
-        worth). Per level because the requests a step verifies are those with the highest
-        predictions, and a store can be over-confident exactly there."""
-        if predicted <= 0:
-            return 0.0
-        level = self._levels.get(_level_of(predicted))
-        if level is None:
-            return self.calibration * predicted
-        m = self.calibration_prior
-        ratio = (level[1] + m * self.calibration) / (level[0] + m)
-        return min(max(ratio, 0.02), 10.0) * predicted
+        """Expected accepted drafts of one request whose drafts the store predicts
+        ``predicted`` accepted, calibrated by its prediction level."""
+        return self._calibration.calibrated(predicted)
 
     def batch_expected(self, per_request) -> Dict[int, float]:
         """``{width: the batch's calibrated expected accepted drafts}`` from each request's
@@ -539,7 +488,7 @@ class SpecCostModel:
             self.last_advantage = None
             return plain  # measure the baseline at this batch size first (a seeded one too)
         plain_rate = (bs if horizon is None else horizon.useful(bs, 0.0)) / self.estimate(bs, PLAIN)
-        nodes = _Nodes(gains, self.widths[-1])
+        nodes = DraftNodes(gains, self.widths[-1])
         times = self._rows_times(bs, len(nodes.gain))
         if None in times:
             return plain
@@ -558,7 +507,7 @@ class SpecCostModel:
                 if below > deepest:
                     break  # no node ranks this deep: the same nodes as the last cap
                 under = order if cap > deepest else order[nodes.rank[order] < cap]
-                top_rate, top_k = self._best_prefix(bs, nodes.gain[under], nodes.request[under],
+                top_rate, top_k = best_prefix(bs, nodes.gain[under], nodes.request[under],
                                                     times, horizon, is_critical)
                 if top_k:
                     counts = np.bincount(nodes.request[under[:top_k]], minlength=bs).tolist()
@@ -597,24 +546,6 @@ class SpecCostModel:
                 out.append(max(y0 + (y1 - y0) * (k - x0) / (x1 - x0), floor))
         return out
 
-    @staticmethod
-    def _best_prefix(batch_size: int, gain, request, times, horizon: Optional[Horizon],
-                     is_critical) -> Tuple[float, int]:
-        """``(rate, k)``: the best rate of verifying the first ``k`` of a node order (their
-        ``gain`` and ``request`` arrays, in the order they are taken) and that ``k`` (the
-        first best; 0 when no rate is positive). ``times[k - 1]``: seconds of a step with ``k``
-        draft rows; ``is_critical[i]``: request ``i`` is on the critical path."""
-        if not len(gain):
-            return 0.0, 0
-        tokens = batch_size + np.cumsum(gain)  # cumsum adds in order, as a loop would
-        if horizon is not None:
-            share = int(is_critical.sum())
-            crit = np.cumsum(np.where(is_critical[request], gain, 0.0))
-            tokens = np.minimum(tokens, horizon.limit(crit / share))
-        rates = tokens / times[: len(gain)]
-        k = int(np.argmax(rates))  # the first best
-        return (float(rates[k]), k + 1) if rates[k] > 0.0 else (0.0, 0)
-
     def _maybe_reexplore(self, bucket: int, choice: int, rates: Mapping[int, float]) -> int:
         """``choice``, except every ``reexplore_every`` decisions: the stalest other cell
         (never observed here = stalest; ties: the plain baseline, then the best rate) among
@@ -646,9 +577,8 @@ class SpecCostModel:
         buckets = sorted({b for b, _ in self._cell})
         return {
             "calibration": self.calibration,
-            "calibration_by_prediction": {  # one request's predicted accepted drafts -> factor
-                _level_name(k): round(self.calibrated(_level_mid(k)) / _level_mid(k), 4)
-                for k in sorted(self._levels)},
+            # one request's predicted accepted drafts -> factor
+            "calibration_by_prediction": self._calibration.by_level(),
             "widths": list(self.widths),
             "seconds_per_request_step": {  # at each bucket's batch size
                 str(b): {str(w): self.step_time(b, w) / b for w in self.candidates
@@ -662,47 +592,3 @@ class SpecCostModel:
                 for b in buckets
             },
         }
-
-
-@dataclass
-class DraftRest:
-    """Steps on which the worker does not draft at all, because the cost model has just said
-    that a verify would lose clearly.
-
-    A decode step's drafts cost a store lookup per request before the cost model can decide
-    (stop 39, batch 8-16 with one round of history: 1.1-2.0 ms a step, 4-5% of a plain
-    step), and where drafts do not pay the decision is plain step after step. After a plain
-    decision whose best verify rate was under ``below`` times the plain rate, the next
-    ``2 ** streak - 1`` steps (at most ``longest``) are plain without drafting; a verify or a
-    close call ends the rest, and so does a request new to the batch (its drafts are unknown).
-    Which steps verify never changes what is sampled, so this only moves speed."""
-
-    below: float = 0.95
-    longest: int = 7
-    _streak: int = 0
-    _left: int = 0
-    rested: int = 0  # steps that skipped drafting
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.below <= 1.0:
-            raise ValueError(f"below must be in [0, 1], got {self.below}")
-        if self.longest < 0:
-            raise ValueError(f"longest must be >= 0, got {self.longest}")
-
-    def resting(self, new_requests: bool) -> bool:
-        """Whether this step skips drafting (called once per decode step)."""
-        if new_requests:
-            self._streak = self._left = 0
-        if self._left <= 0:
-            return False
-        self._left -= 1
-        self.rested += 1
-        return True
-
-    def decided(self, width: int, advantage: Optional[float]) -> None:
-        """The cost model's decision for a step that drafted, with its ``last_advantage``."""
-        if width == PLAIN and advantage is not None and advantage < self.below:
-            self._streak += 1
-            self._left = min((1 << min(self._streak, 16)) - 1, self.longest)
-        else:
-            self._streak = self._left = 0

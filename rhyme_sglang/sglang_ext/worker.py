@@ -34,8 +34,8 @@ from sglang.srt.speculative.ngram_worker import NGRAMWorker
 from rhyme_sglang.core import DraftStore, group_leaders, lpt_group_order, prompt_key
 from rhyme_sglang.core.ordering import MIN_SHARED
 from rhyme_sglang.core.breakdown import decode_kind
-from rhyme_sglang.core.cost_model import (PLAIN, DraftRest, SpecCostModel, check_widths,
-                                          default_widths)
+from rhyme_sglang.core.cost_model import PLAIN, SpecCostModel, check_widths, default_widths
+from rhyme_sglang.core.draft_rest import DraftRest
 from rhyme_sglang.core.horizon import Horizon, remaining_tokens
 from rhyme_sglang.core.draft import best_first_order, expected_accepts, truncate
 from rhyme_sglang.sglang_ext import step_kinds, timeline

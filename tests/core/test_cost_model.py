@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from rhyme_sglang.core.cost_model import (PLAIN, DraftRest, SpecCostModel, bucket_of,
-                                          check_widths, default_widths)
+from rhyme_sglang.core.cost_model import PLAIN, SpecCostModel, bucket_of, check_widths, default_widths
+from rhyme_sglang.core.draft_rest import DraftRest
+from rhyme_sglang.core.node_search import DraftNodes, best_prefix
 from rhyme_sglang.core.horizon import Horizon, remaining_tokens
 from rhyme_sglang.core.draft import Draft, best_first_order, expected_accepts, truncate
 
@@ -517,20 +518,17 @@ def test_allocation_search_matches_the_direct_loops():
         is_critical = np.zeros(bs, dtype=bool)
         is_critical[list(critical)] = True
         gain, request = np.array([x[0] for x in nodes]), np.array([x[1] for x in nodes], dtype=int)
-        assert m._best_prefix(bs, gain, request, np.asarray(times[1:]), horizon,
-                              is_critical) == best
+        assert best_prefix(bs, gain, request, np.asarray(times[1:]), horizon, is_critical) == best
 
 
 def test_nodes_are_ordered_best_first_with_ties_by_rank_then_batch_order():
     import random
 
-    from rhyme_sglang.core.cost_model import _Nodes
-
     rng = random.Random(3)
     for _ in range(100):
         gains = [sorted((rng.choice((0.0, 0.25, 0.5, rng.random())) for _ in range(rng.randint(0, 20))),
                         reverse=True) for _ in range(rng.randint(1, 12))]
-        nodes = _Nodes(gains, 16)
+        nodes = DraftNodes(gains, 16)
         expected = sorted(((g, i, j) for i, row in enumerate(gains) for j, g in enumerate(row[:16])
                            if g > 0), key=lambda x: (-x[0], x[2]))
         assert list(zip(nodes.gain.tolist(), nodes.request.tolist(), nodes.rank.tolist())) == expected
