@@ -9,7 +9,7 @@ On a GPU CUDA graphs hide this; a CPU eager step pays it on every layer.
 :func:`forward` computes what ``LlamaModel.forward`` (or ``Qwen2Model.forward``) computes,
 layer by layer, calling **the same kernels** the patched sglang path reaches (:mod:`.small_ops`
 norms, rotary and SiLU-and-mul, :func:`.linear.linear` with each layer's measured kernel choice,
-the native paged attention through an :class:`.attention.StepPlan` or else the backend's own
+the native paged attention through an :class:`.step_plan.StepPlan` or else the backend's own
 ``forward``) in the same order, so its outputs are the same bits. Where every one of those
 kernels is native, :mod:`.native_step` runs the same calls from one C++ loop instead. It applies
 only where every piece is the plain one (:func:`model_fits`: one rank, unquantized fp32 CPU
@@ -30,7 +30,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from rhyme_sglang.cpu_backend import attention, linear, native_step, small_ops
+from rhyme_sglang.cpu_backend import linear, native_step, small_ops, step_plan
 from rhyme_sglang.machine import env_choice
 
 logger = logging.getLogger(__name__)
@@ -165,7 +165,7 @@ class _Step:
 
 def _attention(step: _Step, layer, positions, x, forward_batch, backend) -> torch.Tensor:
     """``LlamaAttention.forward``: qkv, rotary, attention, o_proj. The attention runs on the
-    forward's :class:`.attention.StepPlan` where there is one, else through the backend."""
+    forward's :class:`.step_plan.StepPlan` where there is one, else through the backend."""
     attn = layer.self_attn
     qkv = _linear(attn.qkv_proj, x)  # [T, (H + 2 Hkv) D]
     q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
@@ -200,7 +200,7 @@ def forward(model, input_ids: torch.Tensor, positions: torch.Tensor,
     backend = get_attn_backend()
     first = model.layers[model.start_layer].self_attn.attn.layer_id
     pool = backend.token_to_kv_pool
-    plan = attention.plan_step(backend, forward_batch, pool.get_key_buffer(first),
+    plan = step_plan.plan_step(backend, forward_batch, pool.get_key_buffer(first),
                                pool.get_value_buffer(first), input_ids.numel())
     out = native_step.run(model, input_ids, positions, pool, plan)
     if out is not None:

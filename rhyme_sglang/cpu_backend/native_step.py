@@ -8,7 +8,7 @@ same order on the same inputs, from one C++ loop, so it returns the same bits.
 
 It applies where the Python loop would call only native kernels: every linear's measured
 choice for this row bucket is the native GEMM, the native norms, rotary and SiLU are on, and
-the attention has a :class:`.attention.StepPlan`. Anything else returns None and the Python
+the attention has a :class:`.step_plan.StepPlan`. Anything else returns None and the Python
 loop runs. ``RHYME_CPU_STEP=python`` keeps the Python loop everywhere (``native``: default).
 """
 

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rhyme_sglang.cpu_backend import attention, lean_forward, native_step
+from rhyme_sglang.cpu_backend import attention, lean_forward, native_step, step_plan
 from tests.cpu_backend.test_attention_parity import _impl, _paged_cache, _random_tree
 
 needs_native = pytest.mark.skipif(attention._native is None, reason="native attention not built")
@@ -54,7 +54,7 @@ def test_decode_plan_is_bit_identical_to_the_decode_op():
                             req_pool_indices=rows, seq_lens=lens)
     kb2, vb2 = kb.clone(), vb.clone()
     with _impl("native"):
-        plan = attention.plan_step(_backend(r2t), batch, kb, vb, len(seq))
+        plan = step_plan.plan_step(_backend(r2t), batch, kb, vb, len(seq))
         got = plan.attend(q, k, v, kb, vb, 0.35)
         want = torch.zeros(len(seq), HEADS, DIM)
         attention.decode_attention_cpu(q.view(-1, HEADS, DIM), kb2, vb2, 1.0, 1.0, want,
@@ -86,7 +86,7 @@ def test_verify_plan_is_bit_identical_to_the_extend_op(ragged):
                             req_pool_indices=rows, seq_lens=torch.tensor(prefix))
     kb2, vb2 = kb.clone(), vb.clone()
     with _impl("native"):
-        plan = attention.plan_step(_backend(r2t, meta), batch, kb, vb, tokens)
+        plan = step_plan.plan_step(_backend(r2t, meta), batch, kb, vb, tokens)
         got = plan.attend(q, k, v, kb, vb, 0.35)
         # sglang's verify: the K/V written by the pool first, then the op
         kb2[loc], vb2[loc] = k.view(-1, KV_HEADS, DIM), v.reshape(-1, KV_HEADS, DIM)
@@ -105,20 +105,20 @@ def test_no_plan_where_the_general_path_is_needed():
     batch = SimpleNamespace(forward_mode=_Mode("decode"), out_cache_loc=torch.tensor([0]),
                             req_pool_indices=rows, seq_lens=torch.tensor([3]))
     with _impl("torch"):  # native attention off
-        assert attention.plan_step(_backend(r2t), batch, kb, vb, 1) is None
+        assert step_plan.plan_step(_backend(r2t), batch, kb, vb, 1) is None
     if attention._native is None:
         return
     with _impl("native"):
-        assert attention.plan_step(_backend(r2t), batch, kb.bfloat16(), vb.bfloat16(), 1) is None
+        assert step_plan.plan_step(_backend(r2t), batch, kb.bfloat16(), vb.bfloat16(), 1) is None
         drafting = _backend(r2t)
         drafting.draft_decode_metadata = (r2t, torch.tensor([3]), rows)
-        assert attention.plan_step(drafting, batch, kb, vb, 1) is None
+        assert step_plan.plan_step(drafting, batch, kb, vb, 1) is None
         sliding = _backend(r2t)
         sliding.use_sliding_window_kv_pool = True
-        assert attention.plan_step(sliding, batch, kb, vb, 1) is None
-        assert attention.plan_step(_backend(r2t), batch, kb, vb, 2) is None  # rows != tokens
+        assert step_plan.plan_step(sliding, batch, kb, vb, 1) is None
+        assert step_plan.plan_step(_backend(r2t), batch, kb, vb, 2) is None  # rows != tokens
         batch.forward_mode = _Mode("extend")  # prefill keeps sglang's path
-        assert attention.plan_step(_backend(r2t), batch, kb, vb, 1) is None
+        assert step_plan.plan_step(_backend(r2t), batch, kb, vb, 1) is None
 
 
 def test_lean_mode_reads_its_switch(monkeypatch):
