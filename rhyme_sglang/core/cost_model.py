@@ -2,14 +2,16 @@
 
 For a decode step of ``bs`` requests the engine can run a plain decode (width 0: ``bs`` tokens
 in, ``bs`` out) or verify ``w`` draft tokens per request (``bs * (w + 1)`` tokens in,
-``bs + accepted`` out). :class:`SpecCostModel` keeps the measured seconds of whole steps per
+``bs + accepted`` out). :class:`SpecCostModel` keeps (in a
+:class:`rhyme_sglang.core.step_table.StepCostTable`) the measured seconds of whole steps per
 (power-of-two batch bucket, width), with the batch size they were measured at (both as
 exponential moving averages), reads a width's cost at any batch size piecewise linearly
 between its cells (a step costs a fixed part plus a part per token, so seconds per request
 fall with batch size: a cell measured at 17 requests overstates 32 requests' cost when scaled
-per request), and a calibration factor between the draft store's predicted acceptance (sums of draft path
-probabilities) and what verification accepted. :meth:`SpecCostModel.choose_width` returns the
-width with the most expected tokens per second::
+per request), and a calibration factor between the draft store's predicted acceptance (sums
+of draft path probabilities) and what verification accepted
+(:mod:`rhyme_sglang.core.calibration`). :meth:`SpecCostModel.choose_width` returns the width
+with the most expected tokens per second::
 
     rate(w) = (bs + calibration * expected[w]) / seconds(bs, w)
 
@@ -58,7 +60,6 @@ Standard library and numpy.
 
 from __future__ import annotations
 
-import bisect
 from dataclasses import dataclass, field
 from typing import Dict, Mapping, Optional, Sequence, Tuple
 
@@ -67,13 +68,9 @@ import numpy as np
 from rhyme_sglang.core.calibration import AcceptanceCalibration
 from rhyme_sglang.core.horizon import Horizon
 from rhyme_sglang.core.node_search import DraftNodes, best_prefix
+from rhyme_sglang.core.step_table import PLAIN, StepCostTable, bucket_of
 
-PLAIN = 0  # the width of a plain decode step
-def bucket_of(batch_size: int) -> int:
-    """Power-of-two bucket of a batch size (1, 2, 4, 8, ...)."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    return 1 << (batch_size - 1).bit_length()
+__all__ = ["PLAIN", "SpecCostModel", "bucket_of", "check_widths", "default_widths"]
 
 
 def check_widths(widths: Sequence[int], max_width: Optional[int] = None) -> Tuple[int, ...]:
@@ -111,17 +108,9 @@ class SpecCostModel:
     baseline_near: float = 0.1  # plain measured within this fraction of a batch size (>= 1 request)
     close_call: float = 1.25  # a verify winning by less than this factor over plain ...
     close_refresh: int = 8  # ... re-measures plain when the bucket ran none for this many decisions
-    # (bucket, width) -> [seconds of a whole step, batch size], both EMAs of what was measured
-    _cell: Dict[Tuple[int, int], list] = field(default_factory=dict)
-    _seen: Dict[Tuple[int, int], int] = field(default_factory=dict)  # cell -> decision it was measured at
-    _decisions: int = 0
+    _decisions: int = 0  # the clock the step table's measurements are stamped with
     _calibration: AcceptanceCalibration = field(init=False)
-    _curve: Optional[list] = None  # (tokens per forward, seconds) of every cell; None = stale
-    _by_width: Dict[int, list] = field(default_factory=dict)  # width -> sorted points; {} = stale
-    # batch size -> seconds of a plain step at exactly that size (EMA), measured by this model;
-    # the baseline a verify is judged against, read near the decided size (baseline_near)
-    _plain: Dict[int, float] = field(default_factory=dict)
-    _plain_sizes: list = field(default_factory=list)  # sorted keys of _plain
+    steps: StepCostTable = field(init=False, repr=False)  # the measured step costs
     # the last decision's best verify rate over the plain rate (0: no verify had a gain;
     # None: plain was chosen to measure it); the worker skips drafting after clear losses
     last_advantage: Optional[float] = None
@@ -144,6 +133,7 @@ class SpecCostModel:
                              f"{self.close_call} and {self.close_refresh}")
         if not 0.0 <= self.baseline_near < 1.0:
             raise ValueError(f"baseline_near must be in [0, 1), got {self.baseline_near}")
+        self.steps = StepCostTable(self.widths, self.alpha, self.max_jump, self.baseline_near)
 
     @property
     def calibration(self) -> float:
@@ -157,79 +147,34 @@ class SpecCostModel:
     # ------------------------------------------------------------------ measurements
     def observe_step(self, batch_size: int, width: int, seconds: float,
                      rows: Optional[int] = None) -> None:
-        """Record the wall time of one whole step of ``batch_size`` requests at ``width``.
+        """Record the wall time of one whole step of ``batch_size`` requests at ``width``
+        (``rows``: the forward's tokens, for a ragged verify; :meth:`StepCostTable.observe`)."""
+        self.steps.observe(batch_size, width, seconds, rows, now=self._decisions)
 
-        ``rows``: tokens the step's forward ran, when a ragged verify ran fewer than
-        ``batch_size * (width + 1)`` (requests verifying fewer nodes than ``width``); its
-        cell is then that of the step's largest request width (see :meth:`choose_rows`)."""
-        if width != PLAIN and width not in self.widths:
-            raise ValueError(f"width must be 0 (plain) or one of {self.widths}, got {width!r}")
-        if seconds < 0:
-            raise ValueError(f"seconds must be >= 0, got {seconds}")
-        full = batch_size * (width + 1)
-        if rows is None:
-            rows = full
-        if not batch_size <= rows <= full:
-            raise ValueError(f"rows must be in [{batch_size}, {full}] for {batch_size} requests "
-                             f"at width {width}, got {rows!r}")
-        if width == PLAIN:
-            self._observe_plain(batch_size, seconds)
-        key = (bucket_of(batch_size), width)
-        cell = self._cell.get(key)
-        if cell is None or key not in self._seen:  # a seeded prior gives way to the first measurement
-            self._cell[key] = [seconds, float(batch_size), float(rows)]
-        else:
-            old = self._at(cell, batch_size, width)  # the cell's estimate at this batch size
-            seconds = self._bounded(seconds, old)
-            cell[0] = (1 - self.alpha) * cell[0] + self.alpha * seconds
-            cell[1] = (1 - self.alpha) * cell[1] + self.alpha * batch_size
-            cell[2] = (1 - self.alpha) * cell[2] + self.alpha * rows
-        self._seen[key] = self._decisions
-        self._stale()
+    def seed(self, table: Mapping[Tuple[int, int], float],
+             rows: Optional[Mapping[Tuple[int, int], float]] = None) -> int:
+        """Prior step costs from an earlier engine (:meth:`StepCostTable.seed`)."""
+        return self.steps.seed(table, rows)
 
-    def _bounded(self, seconds: float, old: float) -> float:
-        """A measurement moves an estimate at most ``max_jump`` times its current value."""
-        return min(max(seconds, old / self.max_jump), old * self.max_jump)
+    def table(self) -> Dict[Tuple[int, int], float]:
+        """``{(bucket, width): seconds}`` of each cell, the form :meth:`seed` takes."""
+        return self.steps.table()
 
-    def _observe_plain(self, batch_size: int, seconds: float) -> None:
-        old = self._plain.get(batch_size)
-        if old is None:
-            bisect.insort(self._plain_sizes, batch_size)
-            self._plain[batch_size] = seconds
-            return
-        seconds = self._bounded(seconds, old)
-        self._plain[batch_size] = (1 - self.alpha) * old + self.alpha * seconds
+    def rows_table(self) -> Dict[Tuple[int, int], float]:
+        """``{(bucket, width): forward rows per request}`` of each cell."""
+        return self.steps.rows_table()
 
-    def _near_plain(self, batch_size: int) -> Optional[float]:
-        """A plain step's seconds at ``batch_size`` from this model's plain steps at sizes
-        within ``baseline_near`` of it (at least one request): the exact size, else linear
-        between the nearest measured sizes on each side, else the nearest one scaled along its
-        bucket's cell. None when no plain step was measured that near.
+    def step_time(self, batch_size: int, width: int) -> Optional[float]:
+        """Measured seconds of a step (None when its bucket never ran that width)."""
+        return self.steps.step_time(batch_size, width)
 
-        Why not the cells alone: a cell is an EMA of (batch size, seconds) over every step of
-        its bucket, and its reading at another size is extrapolated. At batch 16 a plain cell
-        measured at 11.8 requests (the steps while a round's prefills were still joining) read
-        56.7 ms against 42-44 ms measured at 16, and width-1 verifies (51 ms) looked cheaper
-        than plain steps for a whole round (stop 39, bench_serving)."""
-        exact = self._plain.get(batch_size)
-        if exact is not None:
-            return exact
-        reach = max(1.0, self.baseline_near * batch_size)
-        sizes = self._plain_sizes
-        i = bisect.bisect_left(sizes, batch_size)
-        lo = sizes[i - 1] if i > 0 and batch_size - sizes[i - 1] <= reach else None
-        hi = sizes[i] if i < len(sizes) and sizes[i] - batch_size <= reach else None
-        if lo is not None and hi is not None:
-            y0, y1 = self._plain[lo], self._plain[hi]
-            return y0 + (y1 - y0) * (batch_size - lo) / (hi - lo)
-        near = lo if lo is not None else hi
-        if near is None:
-            return None
-        cell = self._cell.get((bucket_of(batch_size), PLAIN))
-        if cell is None:
-            return self._plain[near] * batch_size / near
-        return self._plain[near] * self._at(cell, batch_size, PLAIN) / max(
-            self._at(cell, near, PLAIN), 1e-12)
+    def estimate(self, batch_size: int, width: int) -> Optional[float]:
+        """Measured seconds of a step, else the tokens-per-forward curve's estimate."""
+        return self.steps.estimate(batch_size, width)
+
+    def step_time_rows(self, batch_size: int, extra: int) -> Optional[float]:
+        """Seconds of a step whose forward runs ``extra`` draft rows beyond its last tokens."""
+        return self.steps.step_time_rows(batch_size, extra)
 
     def observe_acceptance(self, predicted: float, accepted: int) -> None:
         """Calibrate the store's acceptance estimate against one request's verify
@@ -263,117 +208,6 @@ class SpecCostModel:
                 if w in out:
                     out[w] += self.calibrated(predicted) / len(critical)
         return out
-
-    def seed(self, table: Mapping[Tuple[int, int], float],
-             rows: Optional[Mapping[Tuple[int, int], float]] = None) -> int:
-        """Prior step costs ``{(batch_size, width): seconds per whole step}``, as if measured
-        (a cost table of another run or machine); later measurements move them. ``rows``:
-        the forward rows per request each cell's steps ran (:meth:`rows_table`; a ragged
-        verify cell ran fewer than ``width + 1``); a cell without one ran them all. Returns
-        how many cells it took (widths this model does not use are skipped). Seeded cells
-        count as never observed by this model: the stalest, refreshed first, replaced by
-        their first measurement."""
-        taken = 0
-        for (batch_size, width), seconds in table.items():
-            if width == PLAIN or width in self.widths:
-                key = (bucket_of(batch_size), width)
-                per_request = (rows or {}).get((batch_size, width), width + 1)
-                per_request = min(max(float(per_request), 1.0), float(width + 1))
-                self._cell[key] = [float(seconds), float(batch_size), batch_size * per_request]
-                self._seen.pop(key, None)
-                taken += 1
-        self._stale()
-        return taken
-
-    def table(self) -> Dict[Tuple[int, int], float]:
-        """Each measured cell's step seconds at its bucket's batch size, ``{(bucket, width):
-        seconds}``: the form :meth:`seed` takes (a round trip gives the same model at every
-        bucket size, with :meth:`rows_table` for ragged cells)."""
-        return {(b, w): self.step_time(b, w) for (b, w) in self._cell}
-
-    def rows_table(self) -> Dict[Tuple[int, int], float]:
-        """Each cell's forward rows per request (EMA over its steps), ``{(bucket, width):
-        rows}``: less than ``width + 1`` where ragged verifies ran fewer nodes. Without it a
-        seeded ragged cell would stand for full-width steps and make rows look cheaper than
-        they are (the next engine then over-verifies until it re-measures each cell)."""
-        return {(b, w): cell[2] / cell[1] for (b, w), cell in self._cell.items()}
-
-    # ------------------------------------------------------------------ estimates
-    def _stale(self) -> None:
-        """Forget the curves derived from the cells (after a cell changed)."""
-        self._curve = None
-        self._by_width.clear()
-
-    def _points(self, width: int) -> list:
-        """This width's measured (batch size, seconds) points, by batch size (rebuilt after a
-        cell changes, not on every estimate of a decode step)."""
-        points = self._by_width.get(width)
-        if points is None:
-            points = self._by_width[width] = sorted(
-                (bs, sec) for (_, w), (sec, bs, _rows) in self._cell.items() if w == width)
-        return points
-
-    def _at(self, cell, batch_size: int, width: int) -> float:
-        """Seconds of a ``width`` step at ``batch_size``, from the cells of that width:
-        piecewise linear in batch size between their measured points (a cell measured while a
-        batch was filling up, at 17 requests, is not taken for 32 requests' cost), extended
-        past the ends along the nearest segment (never below proportional to zero); one point
-        alone scales proportionally. ``cell`` is the one the batch size falls in."""
-        points = self._points(width)
-        if len(points) < 2:
-            sec, bs = cell[0], cell[1]
-            return sec * batch_size / bs
-        if batch_size <= points[0][0]:
-            (x0, y0), (x1, y1) = points[0], points[1]
-        elif batch_size >= points[-1][0]:
-            (x0, y0), (x1, y1) = points[-2], points[-1]
-        else:
-            for (x0, y0), (x1, y1) in zip(points, points[1:]):
-                if batch_size <= x1:
-                    break
-        if x1 - x0 < 1e-9:
-            return y1 * batch_size / x1
-        y = y0 + (y1 - y0) * (batch_size - x0) / (x1 - x0)
-        nearest_x, nearest_y = (x0, y0) if abs(batch_size - x0) < abs(batch_size - x1) else (x1, y1)
-        return max(y, nearest_y * min(batch_size / nearest_x, 1.0), 1e-9)
-
-    def step_time(self, batch_size: int, width: int) -> Optional[float]:
-        """Estimated seconds of a whole step from this width's measurements (None when the
-        batch size's bucket was never measured at that width)."""
-        cell = self._cell.get((bucket_of(batch_size), width))
-        if cell is None:
-            return None
-        near = self._near_plain(batch_size) if width == PLAIN else None
-        return self._at(cell, batch_size, width) if near is None else near
-
-    def _baseline_measured(self, batch_size: int) -> bool:
-        """Whether this model ran plain steps in the batch size's bucket (a seeded cell is a
-        prior, not a measurement) and within ``baseline_near`` of the size itself."""
-        return ((bucket_of(batch_size), PLAIN) in self._seen
-                and self._near_plain(batch_size) is not None)
-
-    def estimate(self, batch_size: int, width: int) -> Optional[float]:
-        """Measured seconds of a step, else the tokens-per-forward curve's estimate."""
-        measured = self.step_time(batch_size, width)
-        if measured is not None:
-            return measured
-        return self._curve_at(batch_size * (width + 1))
-
-    def _curve_at(self, tokens: float) -> Optional[float]:
-        """Seconds of a forward of ``tokens`` tokens on the curve over every measured cell
-        (None when nothing was measured)."""
-        if self._curve is None:  # rebuilt after a measurement, not per estimate
-            self._curve = sorted({rows: sec for sec, _bs, rows in self._cell.values()}.items())
-        points = self._curve
-        if not points:
-            return None
-        if tokens <= points[0][0]:
-            return points[0][1] * tokens / points[0][0] if len(points) == 1 else points[0][1]
-        for (t0, s0), (t1, s1) in zip(points, points[1:]):
-            if tokens <= t1:
-                return s0 + (s1 - s0) * (tokens - t0) / (t1 - t0)
-        t_last, s_last = points[-1]
-        return s_last * tokens / t_last
 
     # ------------------------------------------------------------------ decision
     def rates(self, batch_size: int, expected: Mapping[int, float], calibrated: bool = False,
@@ -413,7 +247,7 @@ class SpecCostModel:
         if not useful:
             return PLAIN
         bucket = bucket_of(batch_size)
-        if not self._baseline_measured(batch_size):
+        if not self.steps.baseline_measured(batch_size):
             self.last_advantage = None
             return PLAIN  # measure the baseline at this batch size first (a seeded one too)
         rates = self.rates(batch_size, expected, calibrated, horizon, critical)
@@ -428,32 +262,6 @@ class SpecCostModel:
                         reverse=True)
         ranking = [w for _, w in scored] + [PLAIN]
         return self._maybe_reexplore(bucket, ranking[0], {PLAIN: plain_rate, **known})
-
-    def _rows_points(self, batch_size: int) -> Optional[list]:
-        """``[(extra draft rows, seconds)]`` of the bucket's plain cell and measured verify
-        cells at ``batch_size``, sorted; None when fewer than two."""
-        bucket = bucket_of(batch_size)
-        points = []
-        plain = self.step_time(batch_size, PLAIN)
-        if plain is not None:
-            points.append((0.0, plain))
-        for w in self.widths:
-            cell = self._cell.get((bucket, w))
-            if cell is not None:
-                per_request = max(cell[2] - cell[1], 0.0) / cell[1]
-                points.append((per_request * batch_size, self._at(cell, batch_size, w)))
-        return sorted(points) if len(points) >= 2 else None
-
-    def step_time_rows(self, batch_size: int, extra: int) -> Optional[float]:
-        """Estimated seconds of a step of ``batch_size`` requests whose forward runs ``extra``
-        draft rows beyond their ``batch_size`` last tokens (a verify of any shape; 0 = the
-        plain step). Piecewise linear in ``extra`` through the plain cell and the measured
-        verify cells of the batch's bucket (each at its measured rows per request, scaled to
-        this batch size); past the last one along the last segment. Falls back to the curve
-        over every cell when the bucket has fewer than two cells (None: nothing measured)."""
-        if extra <= 0:
-            return self.estimate(batch_size, PLAIN)
-        return self._rows_times(batch_size, extra)[-1]
 
     def choose_rows(self, batch_size: int, gains: Sequence[Sequence[float]],
                     horizon: Optional[Horizon] = None):
@@ -484,12 +292,12 @@ class SpecCostModel:
         self.last_advantage = 0.0
         if not any(len(g) and g[0] > 0 for g in gains):
             return plain
-        if not self._baseline_measured(bs):
+        if not self.steps.baseline_measured(bs):
             self.last_advantage = None
             return plain  # measure the baseline at this batch size first (a seeded one too)
         plain_rate = (bs if horizon is None else horizon.useful(bs, 0.0)) / self.estimate(bs, PLAIN)
         nodes = DraftNodes(gains, self.widths[-1])
-        times = self._rows_times(bs, len(nodes.gain))
+        times = self.steps.rows_times(bs, len(nodes.gain))
         if None in times:
             return plain
         times = np.asarray(times[1:])  # times[k - 1]: a step with k draft rows
@@ -528,24 +336,6 @@ class SpecCostModel:
         choice = self._maybe_reexplore(bucket, choice, {PLAIN: plain_rate, **known})
         return plain if choice == PLAIN else (choice, best[choice][1])
 
-    def _rows_times(self, batch_size: int, n: int) -> list:
-        """:meth:`step_time_rows` of 0..``n`` draft rows at ``batch_size`` (None where
-        unknown), in one walk along the rows points."""
-        out = [self.estimate(batch_size, PLAIN)]
-        points = self._rows_points(batch_size)
-        if not points:
-            return out + [self._curve_at(batch_size + k) for k in range(1, n + 1)]
-        seg, last, floor = 0, len(points) - 2, max(points[0][1], 1e-9)
-        for k in range(1, n + 1):
-            while seg < last and k > points[seg + 1][0]:
-                seg += 1  # the first segment reaching k (past the end: the last one)
-            (x0, y0), (x1, y1) = points[seg], points[seg + 1]
-            if x1 - x0 < 1e-9:
-                out.append(max(y1, 1e-9))
-            else:
-                out.append(max(y0 + (y1 - y0) * (k - x0) / (x1 - x0), floor))
-        return out
-
     def _maybe_reexplore(self, bucket: int, choice: int, rates: Mapping[int, float]) -> int:
         """``choice``, except every ``reexplore_every`` decisions: the stalest other cell
         (never observed here = stalest; ties: the plain baseline, then the best rate) among
@@ -560,35 +350,24 @@ class SpecCostModel:
         run again)."""
         plain_rate, rate = rates.get(PLAIN), rates.get(choice)
         if (choice != PLAIN and plain_rate and rate and rate < self.close_call * plain_rate
-                and self._decisions - self._seen.get((bucket, PLAIN), -1) >= self.close_refresh):
+                and self._decisions - self.steps.measured_at((bucket, PLAIN)) >= self.close_refresh):
             return PLAIN  # a close call: the baseline it hangs on is re-measured often
         if self._decisions % self.reexplore_every or len(rates) < 2:
             return choice
         best = max(r or 0.0 for r in rates.values())
         alternatives = [w for w, r in rates.items() if w != choice
                         and (w == PLAIN or (r or 0.0) >= self.explore_within * best
-                             or (bucket, w) not in self._seen)]
+                             or self.steps.measured_at((bucket, w)) < 0)]
         if not alternatives:
             return choice
-        return min(alternatives, key=lambda w: (self._seen.get((bucket, w), -1), w != PLAIN,
+        return min(alternatives, key=lambda w: (self.steps.measured_at((bucket, w)), w != PLAIN,
                                                 -(rates[w] or 0.0)))
 
     def as_dict(self) -> dict:
-        buckets = sorted({b for b, _ in self._cell})
         return {
             "calibration": self.calibration,
             # one request's predicted accepted drafts -> factor
             "calibration_by_prediction": self._calibration.by_level(),
             "widths": list(self.widths),
-            "seconds_per_request_step": {  # at each bucket's batch size
-                str(b): {str(w): self.step_time(b, w) / b for w in self.candidates
-                         if (b, w) in self._cell}
-                for b in buckets
-            },
-            "plain_seconds_by_batch_size": {str(b): self._plain[b] for b in self._plain_sizes},
-            "measured_at_batch_size": {
-                str(b): {str(w): self._cell[(b, w)][1] for w in self.candidates
-                         if (b, w) in self._cell}
-                for b in buckets
-            },
+            **self.steps.as_dict(self.candidates),
         }

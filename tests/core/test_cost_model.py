@@ -407,7 +407,7 @@ def test_the_baseline_is_measured_near_the_batch_size_it_judges():
         m.observe_step(12, PLAIN, 0.045)
     m.observe_step(15, 1, 0.051, rows=16)
     gains = [[0.01]] + [[]] * 15
-    old_plain = m._at(m._cell[(16, PLAIN)], 16, PLAIN)  # what the cell alone reads at 16
+    old_plain = m.steps._at(m.steps._cell[(16, PLAIN)], 16, PLAIN)  # what the cell alone reads at 16
     assert old_plain > 0.055 > 0.051 * 16 / 15  # the verify measured cheaper than plain read:
     assert m.step_time_rows(16, 1) == pytest.approx(old_plain)  # floored there, any gain won
     assert m.choose_rows(16, gains) == (PLAIN, [0] * 16) and m.last_advantage is None
@@ -476,9 +476,9 @@ def _rows_time_direct(m, bs, extra):
     """``step_time_rows`` as its docstring says it, one row count at a time."""
     if extra <= 0:
         return m.estimate(bs, PLAIN)
-    points = m._rows_points(bs)
+    points = m.steps._rows_points(bs)
     if not points:
-        return m._curve_at(bs + extra)
+        return m.steps._curve_at(bs + extra)
     for (x0, y0), (x1, y1) in zip(points, points[1:]):
         if extra <= x1:
             break
@@ -501,7 +501,7 @@ def test_allocation_search_matches_the_direct_loops():
             m.observe_step(bs, w, rng.uniform(0.01, 0.3), None if w == 0 else bs + rng.randint(1, bs * w))
         bs = rng.randint(1, 40)
         n = rng.randint(0, 60)
-        times = m._rows_times(bs, n)
+        times = m.steps.rows_times(bs, n)
         assert times == [_rows_time_direct(m, bs, k) for k in range(n + 1)]
         if None in times:
             continue
