@@ -1,4 +1,5 @@
-"""A finished request joins the history with exactly the tokens sglang returns (no engine)."""
+"""The worker's bookkeeping without an engine: a finished request joins the history with exactly
+the tokens sglang returns, and group prefill holds back the right siblings."""
 
 import threading
 from types import SimpleNamespace
@@ -94,3 +95,51 @@ def test_the_cost_models_horizon_comes_from_the_store_and_the_waiting_queue():
     worker.config = RhymeConfig(horizon=False)
     worker.note_waiting([])
     assert worker._queued == 100.0  # off: not kept
+
+
+class _Cache:
+    """A prefix cache holding whole prompts (the calls ``_prompt_cached`` makes)."""
+
+    def __init__(self, prompts, sharing=True):
+        self.prompts, self.sharing, self.matches = [list(p) for p in prompts], sharing, 0
+
+    def supports_prefix_sharing(self):
+        return self.sharing
+
+    def swa_reprefill_tail_tokens(self, req):
+        return 0
+
+    def match_prefix(self, params):
+        self.matches += 1
+        key = list(params.key.token_ids)[: params.key.limit]
+        hit = max((n for p in self.prompts for n in range(len(key) + 1) if p[:n] == key[:n]),
+                  default=0)
+        return SimpleNamespace(device_prefix_len=hit)
+
+
+def _waiting(rid, prompt):
+    return SimpleNamespace(rid=rid, origin_input_ids=list(prompt), origin_input_ids_unpadded=list(prompt),
+                           extra_key=None, cache_salt=None,
+                           sampling_params=SimpleNamespace(custom_params=None))
+
+
+def test_group_prefill_holds_siblings_only_of_prompts_the_cache_lacks():
+    """One request per uncached prompt group prefills first; a group whose prompt the cache
+    holds goes whole, and a cache that shares no prefix holds nothing back."""
+    from rhyme_sglang.sglang_ext.config import RhymeConfig
+
+    worker = _worker()
+    worker.config = RhymeConfig()
+    cached, fresh = list(range(100, 140)), list(range(200, 240))
+    queue = [_waiting(f"c{i}", cached) for i in range(3)] + [_waiting(f"f{i}", fresh) for i in range(3)]
+    cache = _Cache([cached])
+    held = worker.hold_back_siblings(queue, [], None, cache)
+    assert [r.rid for r in held] == ["f1", "f2"]
+    assert [r.rid for r in queue] == ["c0", "c1", "c2", "f0"]
+    assert worker.stats.as_dict()["group_prefill_held"] == 2
+    queue.extend(held)  # the same firsts of their groups in the next pass
+    worker.hold_back_siblings(queue, [], None, cache)
+    assert cache.matches == 2  # each group's first request is asked once, then remembered
+    queue.extend(held)
+    assert worker.hold_back_siblings(queue, [], None, _Cache([], sharing=False)) == []
+    assert worker.hold_back_siblings(queue, [], None) != []  # no cache given: groups as before
