@@ -23,9 +23,28 @@ def _segments(start_offset, end_offset):
         out += e - s
 
 
+def _packed_cells(req_pool_indices, start_offset, end_offset):
+    """``(rows, columns)`` of every ``req_to_token`` cell the packed segments cover, in
+    packed order (one index pair per token), or None when a segment ends before it starts
+    (the per-request loop keeps the kernel's offsets there). Replaces a loop of tensor slices
+    per request: 0.4-0.6 ms at 32 requests on a 2-core CPU, on every speculative step."""
+    starts = start_offset.to(torch.int64)
+    lens = end_offset.to(torch.int64) - starts
+    if bool((lens < 0).any()):
+        return None
+    rows = torch.repeat_interleave(req_pool_indices.to(torch.int64), lens)
+    first = torch.repeat_interleave(starts - (torch.cumsum(lens, 0) - lens), lens)
+    return rows, first + torch.arange(rows.numel(), dtype=torch.int64)
+
+
 def assign_req_to_token_pool_cpu(req_pool_indices, req_to_token, start_offset, end_offset,
                                  out_cache_loc, pool_len):
     """``req_to_token[row_i, start_i:end_i] = out_cache_loc[packed segment i]``."""
+    cells = _packed_cells(req_pool_indices, start_offset, end_offset)
+    if cells is not None:
+        rows, cols = cells
+        req_to_token[rows, cols] = out_cache_loc[: rows.numel()].to(req_to_token.dtype)
+        return
     rows = req_pool_indices.tolist()
     for row, (s, e, out) in zip(rows, _segments(start_offset, end_offset)):
         if e > s:
@@ -35,6 +54,11 @@ def assign_req_to_token_pool_cpu(req_pool_indices, req_to_token, start_offset, e
 def assign_extend_cache_locs_cpu(req_pool_indices, req_to_token, start_offset, end_offset,
                                  out_cache_loc, pool_len):
     """``out_cache_loc[packed segment i] = req_to_token[row_i, start_i:end_i]``."""
+    cells = _packed_cells(req_pool_indices, start_offset, end_offset)
+    if cells is not None:
+        rows, cols = cells
+        out_cache_loc[: rows.numel()] = req_to_token[rows, cols].to(out_cache_loc.dtype)
+        return
     rows = req_pool_indices.tolist()
     for row, (s, e, out) in zip(rows, _segments(start_offset, end_offset)):
         if e > s:

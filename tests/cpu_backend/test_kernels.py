@@ -156,6 +156,36 @@ def test_cache_index_ops_round_trip():
     assert bonus.tolist() == [8, 4]
 
 
+def test_cache_index_ops_match_a_per_request_loop():
+    """The packed index ops (one gather / scatter for the batch) against the per-request
+    slices they replace, on random batches: empty segments, 1-17 slots, any row order, and a
+    segment that ends before it starts (kept on the loop)."""
+    gen = torch.Generator().manual_seed(0)
+    for case in range(200):
+        bs = int(torch.randint(1, 40, (1,), generator=gen))
+        rows = torch.randperm(64, generator=gen)[:bs]
+        start = torch.randint(0, 100, (bs,), generator=gen)
+        end = start + torch.randint(0, 18, (bs,), generator=gen)
+        if case % 50 == 49:  # a last segment that ends before it starts: the loop's path
+            end[-1] = start[-1] - 1
+        total = int((end - start).clamp(min=0).sum())
+        locs = torch.randint(0, 10**6, (max(total, 1),), generator=gen)
+        table = torch.randint(0, 10**6, (64, 128), dtype=torch.int32, generator=gen)
+        want_table, want_out = table.clone(), torch.full((max(total, 1),), -7, dtype=torch.long)
+        off = 0
+        for r, s, e in zip(rows.tolist(), start.tolist(), end.tolist()):
+            if e > s:
+                want_table[r, s:e] = locs[off:off + e - s].to(torch.int32)
+                want_out[off:off + e - s] = want_table[r, s:e].long()
+            off += e - s
+        got_table = table.clone()
+        cache_ops.assign_req_to_token_pool_cpu(rows, got_table, start, end, locs, 128)
+        assert torch.equal(got_table, want_table)
+        got_out = torch.full_like(want_out, -7)
+        cache_ops.assign_extend_cache_locs_cpu(rows, got_table, start, end, got_out, 128)
+        assert torch.equal(got_out, want_out)
+
+
 @pytest.mark.parametrize("native", [True, False])
 def test_copy_all_layer_kv_cache_moves_rows_by_pointer(native, monkeypatch):
     """Native (one call for every buffer) and PyTorch paths alike; sources are read before
