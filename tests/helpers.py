@@ -82,12 +82,14 @@ def goodness_of_fit_pvalue(sample: list, probs: dict, min_expected: float = 5.0)
     return float(chisquare(observed, expected).pvalue)
 
 
-def filtered_probs(logits, temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0):
+def filtered_probs(logits, temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0,
+                   min_p: float = 0.0):
     """Per row, the distribution non-speculative sampling draws from (float64).
 
     As SGLang's sampler: softmax of ``logits / temperature`` (fp32); a token is kept when its
-    rank is below ``top_k`` and the mass of the more probable tokens before it is at most
-    ``top_p``; the kept mass is renormalised.
+    rank is below ``top_k``, the mass of the more probable tokens before it is at most
+    ``top_p``, and its probability is at least ``min_p`` times the row's largest; the kept
+    mass is renormalised.
     """
     import torch
 
@@ -96,13 +98,16 @@ def filtered_probs(logits, temperature: float = 1.0, top_k: int = -1, top_p: flo
     drop = (torch.cumsum(sorted_probs, dim=-1) - sorted_probs) > top_p
     if top_k > 0:
         drop |= torch.arange(probs.shape[-1]) >= top_k
+    if min_p > 0:
+        drop |= sorted_probs < sorted_probs[..., :1] * min_p
     keep = torch.ones_like(drop).scatter_(-1, order, ~drop)
     out = probs.double().masked_fill(~keep, 0.0)
     return out / out.sum(-1, keepdim=True)
 
 
 def exact_sampling_reference(model_path: str, prompt: list[int], temperature: float = 1.0,
-                             top_k: int = -1, top_p: float = 1.0, rows_per_call: int = 8192) -> dict:
+                             top_k: int = -1, top_p: float = 1.0, min_p: float = 0.0,
+                             rows_per_call: int = 8192) -> dict:
     """Exact distributions of the 2nd and 3rd sampled tokens after ``prompt``, and their joint.
 
     Enumerates every first and second token of non-zero probability (the model in fp32, with
@@ -118,7 +123,7 @@ def exact_sampling_reference(model_path: str, prompt: list[int], temperature: fl
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
 
     def probs_of(out):
-        return filtered_probs(out.logits[:, -1], temperature, top_k, top_p)
+        return filtered_probs(out.logits[:, -1], temperature, top_k, top_p, min_p)
 
     with torch.no_grad():
         first = model(torch.tensor([prompt]), use_cache=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import heapq
-from typing import Collection, List, Mapping, Sequence, Tuple, TypeVar
+from typing import Callable, Collection, List, Mapping, Optional, Sequence, Tuple, TypeVar
 
 T = TypeVar("T")
 
@@ -38,22 +38,27 @@ MIN_SHARED = 32  # prompt tokens worth holding a sibling back a prefill pass for
 
 def group_leaders(keys: Sequence, running_keys: Collection, prompt_lens: Sequence[int],
                   prefilling_keys: Collection = (), min_shared: int = MIN_SHARED,
-                  cached_keys: Collection = ()) -> List[bool]:
+                  is_cached: Optional[Callable[[int], bool]] = None) -> List[bool]:
     """Which waiting requests a prefill pass may take now: the first request of each prompt
     group, and every request whose group already has a request running or whose prompt the
-    prefix cache already holds (``cached_keys``: all but fewer than ``min_shared`` tokens).
-    The rest wait a pass, so they prefill from the cache instead of beside a sibling in one
-    batch, where none of them can hit it; so do the siblings of a prompt being prefilled in
-    chunks (``prefilling_keys``). Prompts shorter than ``min_shared`` tokens are never held
-    back (too little to share)."""
+    prefix cache already holds (``is_cached(i)``: whether it holds waiting request i's prompt
+    but for fewer than ``min_shared`` tokens; asked at most once per group, for its first
+    waiting request, and only once a sibling would otherwise wait). The rest wait a pass, so
+    they prefill from the cache instead of beside a sibling in one batch, where none of them
+    can hit it; so do the siblings of a prompt being prefilled in chunks (``prefilling_keys``).
+    Prompts shorter than ``min_shared`` tokens are never held back (too little to share)."""
     _check_lengths(keys, prompt_lens, "prompt_lens")
     started = set(running_keys) | set(prefilling_keys)
-    free = set(running_keys) | set(cached_keys)
+    free = set(running_keys)
+    first: dict = {}
     take = []
-    for key, length in zip(keys, prompt_lens):
+    for i, (key, length) in enumerate(zip(keys, prompt_lens)):
         if length < min_shared:
             take.append(True)
             continue
+        leader = first.setdefault(key, i)
+        if key in started and key not in free and is_cached is not None and is_cached(leader):
+            free.add(key)
         take.append(key not in started or key in free)
         started.add(key)
     return take

@@ -9,8 +9,9 @@ Applied by :mod:`.bootstrap` right after the target module executes, only while 
   the intel_amx attention ops, so we declare the platform AMX-capable for that choice.
 * ``lossless_sampling_verify`` (``sglang.srt.speculative.eagle_utils``): on CPU sglang
   commits the target argmax even for sampled requests (no CPU sampling-verify kernel);
-  we route sampled requests through our lossless tree verification and prob renorms, whose
-  target probabilities are computed only for the tree rows the walk reads.
+  we route sampled requests through our lossless tree verification, whose target
+  probabilities are computed only for the tree rows the walk reads and filtered as plain
+  decoding filters them (sglang's verify renormalises top-k before top-p and drops min-p).
 * ``fast_cpu_sampling`` (``sglang.srt.layers.sampler``): plain sampling without top-k/top-p
   (an RL rollout's temperature-only case) draws with :func:`.sampling.sample_rows` instead of
   ``torch.multinomial``, which costs ~1.8 ms a row on CPU at a 49k-token vocabulary. Same
@@ -68,6 +69,9 @@ def lossless_sampling_verify(eagle_utils) -> None:
     eagle_utils.top_p_renorm_prob = sampling.top_p_renorm_prob
     # the target probabilities of only the tree rows the walk reads (sampling.VerifyProbs)
     eagle_utils.sampling_softmax = sampling.lazy_verify_softmax(eagle_utils.sampling_softmax)
+    # the verify filters its target rows as plain decoding does (top-k, top-p, min-p jointly);
+    # ngram_worker imports eagle_sample from here after this runs
+    eagle_utils.eagle_sample = sampling.with_verify_filters(eagle_utils.eagle_sample)
     APPLIED.add("lossless_sampling_verify")
 
 

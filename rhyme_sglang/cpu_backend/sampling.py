@@ -13,9 +13,18 @@ CPU) is an exact inverse-CDF draw too, ~10x cheaper than ``torch.multinomial`` h
 
 ``tree_speculative_sampling_target_only`` has the argument list of sglang's CUDA kernel of
 that name (sglang 0.5.23), so sglang's verify code calls it unchanged.
+
+A verify's target rows are filtered exactly as plain decoding filters (sglang's torch sampler:
+top-k, top-p over the unfiltered mass and min-p, one joint rule, :func:`filter_row`), not
+as sglang's verify does (top-k renormalised, then top-p over the renormalised mass, and no
+min-p). :func:`with_verify_filters` hands the batch's filters to the verify.
 """
 
 from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -37,6 +46,89 @@ def _as_row_values(values, num_rows: int) -> list:
     return [values] * num_rows
 
 
+@dataclass
+class VerifyFilters:
+    """One verify's sampling filters, per request (None: that filter is off for the batch),
+    and the tree rows per request (``nodes``)."""
+
+    top_ks: Optional[list]
+    top_ps: Optional[list]
+    min_ps: Optional[list]
+    nodes: int
+    applied: bool = False  # the eager path filtered the dense tensor already
+
+    @classmethod
+    def of(cls, sampling_info, nodes: int) -> "VerifyFilters":
+        def values(flag, tensor):
+            return tensor.view(-1).tolist() if getattr(sampling_info, flag, False) else None
+
+        return cls(values("need_top_k_sampling", sampling_info.top_ks),
+                   values("need_top_p_sampling", sampling_info.top_ps),
+                   values("need_min_p_sampling", sampling_info.min_ps), int(nodes))
+
+    def row(self, probs: torch.Tensor, r: int) -> torch.Tensor:
+        """Row ``r`` of the flat ``[bs * nodes, vocab]`` target, filtered."""
+        b = r // self.nodes
+        return filter_row(probs, None if self.top_ks is None else self.top_ks[b],
+                          None if self.top_ps is None else self.top_ps[b],
+                          None if self.min_ps is None else self.min_ps[b])
+
+
+_FILTERS: contextvars.ContextVar = contextvars.ContextVar("rhyme_verify_filters", default=None)
+
+
+def with_verify_filters(eagle_sample):
+    """sglang's ``eagle_sample`` (the verify), with the batch's sampling filters handed to the
+    target probabilities it computes (:func:`lazy_verify_softmax`)."""
+
+    def sample(verify_input, batch, *args, **kwargs):
+        info = getattr(batch, "sampling_info", None)
+        filters = None if info is None else VerifyFilters.of(info, verify_input.draft_token_num)
+        token = _FILTERS.set(filters)
+        try:
+            return eagle_sample(verify_input, batch, *args, **kwargs)
+        finally:
+            _FILTERS.reset(token)
+
+    sample.__wrapped__ = eagle_sample
+    return sample
+
+
+def filter_row(probs: torch.Tensor, top_k=None, top_p=None, min_p=None) -> torch.Tensor:
+    """The distribution plain decoding draws from, for one row of ``probs`` (normalised).
+
+    sglang's torch sampler, as one joint rule: in descending order a token is kept when its
+    rank is below ``top_k``, the unfiltered mass before it is at most ``top_p``, and its
+    probability is at least ``min_p`` times the largest; the kept mass is renormalised. The
+    kept tokens are a head of the order, so only a head is sorted: 128 tokens, 4x more while
+    the head does not decide the row."""
+    vocab = probs.numel()
+    limit = int(top_k) if top_k is not None and 0 < int(top_k) < vocab else vocab
+    use_p = top_p is not None and float(top_p) < 1.0
+    use_min = min_p is not None and float(min_p) > 0.0
+    if limit == vocab and not use_p and not use_min:
+        return probs
+    n = min(limit, 128)
+    while True:
+        vals, idx = torch.topk(probs, n, sorted=True)
+        keep = torch.ones(n, dtype=torch.bool)
+        decided = n == limit
+        if use_p:
+            cum = torch.cumsum(vals, 0)
+            keep &= (cum - vals) <= float(top_p)
+            decided |= bool(cum[-1] > float(top_p))  # every later token has more before it
+        if use_min:
+            floor = vals[0] * float(min_p)
+            keep &= vals >= floor
+            decided |= bool(vals[-1] < floor)  # every later token is below it too
+        if decided:
+            break
+        n = min(limit, 4 * n)
+    out = torch.zeros_like(probs)
+    out[idx[keep]] = vals[keep]
+    return out / out.sum()
+
+
 class VerifyProbs:
     """The target probabilities of a sampled verify step, ``[rows, vocab]`` (or ``[bs, n,
     vocab]`` after :meth:`view`), computed one row at a time when a row is read.
@@ -52,8 +144,9 @@ class VerifyProbs:
     ``torch.zeros_like`` of it gives None (the draft probabilities of deterministic drafts).
     """
 
-    def __init__(self, logits: torch.Tensor, temperatures, softmax):
-        self.logits, self.softmax = logits, softmax
+    def __init__(self, logits: torch.Tensor, temperatures, softmax,
+                 filters: Optional[VerifyFilters] = None):
+        self.logits, self.softmax, self.filters = logits, softmax, filters
         rows = logits.shape[0]
         self.temperatures = (None if temperatures is None
                              else temperatures.reshape(-1, 1).expand(rows, 1))
@@ -67,11 +160,13 @@ class VerifyProbs:
         return (rows, vocab) if self.nodes is None else (rows // self.nodes, self.nodes, vocab)
 
     def with_top_k(self, top_ks) -> "VerifyProbs":
-        self.top_ks = _as_row_values(top_ks, self.logits.shape[0])
+        if self.filters is None:  # with filters, the joint rule applies them (row)
+            self.top_ks = _as_row_values(top_ks, self.logits.shape[0])
         return self
 
     def with_top_p(self, top_ps) -> "VerifyProbs":
-        self.top_ps = _as_row_values(top_ps, self.logits.shape[0])
+        if self.filters is None:
+            self.top_ps = _as_row_values(top_ps, self.logits.shape[0])
         return self
 
     def view(self, *shape) -> "VerifyProbs":
@@ -92,6 +187,8 @@ class VerifyProbs:
         if out is None:
             temps = None if self.temperatures is None else self.temperatures[r : r + 1]
             out = self.softmax(self.logits[r : r + 1], temperatures=temps)
+            if self.filters is not None:
+                out = self.filters.row(out[0], r)[None]
             if self.top_ks is not None:
                 out = top_k_renorm_prob(out, self.top_ks[r])
             if self.top_ps is not None:
@@ -116,23 +213,37 @@ class VerifyProbs:
 def lazy_verify_softmax(softmax):
     """sglang's verify softmax (``eagle_utils.sampling_softmax``), returning
     :class:`VerifyProbs` (rows computed when read) unless sglang's NaN probes are on (they
-    read the whole tensor) or ``RHYME_CPU_SAMPLING=torch``."""
+    read the whole tensor) or ``RHYME_CPU_SAMPLING=torch``. Inside :func:`with_verify_filters`
+    the rows are filtered as plain decoding filters, and sglang's renorm calls after it keep
+    them as they are."""
 
     def verify_softmax(logits, temperatures=None):
         from sglang.srt.environ import envs
 
+        filters = _FILTERS.get()
         if (sampling_impl() == "torch" or envs.SGLANG_ENABLE_NAN_LOGITS_CHECK.get()
                 or envs.SGLANG_ENABLE_ASYNC_ASSERT.get()):
-            return softmax(logits, temperatures=temperatures)
-        return VerifyProbs(logits, temperatures, softmax)
+            probs = softmax(logits, temperatures=temperatures)
+            if filters is not None:
+                probs = torch.stack([filters.row(probs[r], r) for r in range(probs.shape[0])])
+                filters.applied = True
+            return probs
+        return VerifyProbs(logits, temperatures, softmax, filters)
 
     return verify_softmax
+
+
+def _filtered_already() -> bool:
+    filters = _FILTERS.get()
+    return filters is not None and filters.applied
 
 
 def top_k_renorm_prob(probs: torch.Tensor, top_ks) -> torch.Tensor:
     """Keep each row's ``k`` most probable tokens (rank < k) and renormalise."""
     if isinstance(probs, VerifyProbs):
         return probs.with_top_k(top_ks)
+    if _filtered_already():
+        return probs
     ks = _as_row_values(top_ks, probs.shape[0])
     out = probs.clone()
     vocab = probs.shape[-1]
@@ -157,6 +268,8 @@ def top_p_renorm_prob(probs: torch.Tensor, top_ps) -> torch.Tensor:
     """
     if isinstance(probs, VerifyProbs):
         return probs.with_top_p(top_ps)
+    if _filtered_already():
+        return probs
     num_rows, vocab = probs.shape
     ps = torch.tensor(_as_row_values(top_ps, num_rows), dtype=probs.dtype)
     keep = (ps >= 1.0).view(-1, 1).repeat(1, vocab)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
 from dataclasses import dataclass
 from typing import Optional
 
@@ -143,20 +142,21 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
             if learned:
                 self.rest.decided(width, self.cost.last_advantage)
         lens = None  # a ragged verify: each request's tree nodes
+        decided = time.perf_counter()
         if width:
             tokens, masks, lens = self._layout(batch, drafts, width, counts)
             self._pending_drafts = tokens, masks
         rows = None if lens is None else sum(lens)  # a ragged verify's forward rows
         timeline.note_width(width, rows)
-        start = time.perf_counter()
-        timeline.BREAKDOWN.on_draft(start - t0)
+        timeline.BREAKDOWN.on_draft(time.perf_counter() - t0)
         if width == PLAIN:
             result = step_kinds.plain_decode(self, batch, on_publish)
         else:
             nodes = width + 1 if lens is None else max(lens)  # a ragged verify's tree size
             with step_kinds.verify_width(self, nodes), step_kinds.ragged_verify(self, lens):
                 result = super().forward_batch_generation(batch, on_publish, pp_proxy_tensors)
-        self.cost.observe_step(bs, width, time.perf_counter() - start, rows)
+        # a verify's cell also carries its tree layout (only a verify pays for it)
+        self.cost.observe_step(bs, width, time.perf_counter() - decided, rows)
         if self.step_costs is not None:
             self.step_costs.observed(self.cost)
         self.stats.count_step(decode_kind(width))
@@ -370,16 +370,9 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         keys = [self._prompt_key_of(req) for req in queue]
         running = {self._prompt_key_of(req) for req in running_reqs}
         prefilling = () if chunked_req is None else (self._prompt_key_of(chunked_req),)
-        cached = ()
-        if tree_cache is not None:
-            waiting = Counter(keys)
-            first = {}
-            for key, req in zip(keys, queue):
-                first.setdefault(key, req)
-            cached = {key for key, req in first.items() if waiting[key] > 1
-                      and key not in running and _prompt_cached(tree_cache, req)}
+        is_cached = None if tree_cache is None else (lambda i: _prompt_cached(tree_cache, queue[i]))
         take = group_leaders(keys, running, [len(req.origin_input_ids) for req in queue],
-                             prefilling, cached_keys=cached)
+                             prefilling, is_cached=is_cached)
         if all(take):
             return []
         held = [req for req, ok in zip(queue, take) if not ok]

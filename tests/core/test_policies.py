@@ -131,12 +131,20 @@ def test_group_leaders_hold_siblings_of_a_chunked_prefill():
 
 
 def test_group_leaders_take_all_of_a_cached_prompt():
-    keys = ["a", "a", "b", "b", "c", "c"]
-    take = group_leaders(keys, set(), [100] * 6, cached_keys={"a", "c"})
-    assert take == [True, True, True, False, True, True]
+    keys = ["a", "a", "b", "b", "c", "c", "d"]
+    asked = []
+
+    def is_cached(i):
+        asked.append(i)
+        return keys[i] in {"a", "c", "d"}
+
+    take = group_leaders(keys, set(), [100] * 7, is_cached=is_cached)
+    assert take == [True, True, True, False, True, True, True]
+    assert asked == [0, 2, 4]  # each group's first request, once, and only with a sibling behind
     # a chunked prefill of a cached prompt holds nothing back (little is left to share)
     assert group_leaders(["a", "a"], set(), [100] * 2, prefilling_keys={"a"},
-                         cached_keys={"a"}) == [True, True]
+                         is_cached=lambda i: True) == [True, True]
+    assert group_leaders(["a", "a"], {"a"}, [100] * 2, is_cached=lambda i: 1 / 0) == [True, True]
 
 
 def test_group_leaders_never_hold_short_prompts():

@@ -201,3 +201,99 @@ def test_verify_probs_rows_equal_the_dense_probabilities_and_verify_alike():
             torch.rand(bs, generator=torch.Generator().manual_seed(6)), probs, None)
         outs.append((predicts.tolist(), accept_index.tolist(), accept_num.tolist()))
     assert outs[0] == outs[1]
+
+
+# ---- verify filters: the target rows plain decoding samples from -------------------------
+def _plain_decoding_row(probs, k, p, min_p):
+    """The row sglang's torch sampler draws from (its own filter, weights put back in place)."""
+    from sglang.srt.layers.sampler import top_k_top_p_min_p_sampling_from_probs_torch
+
+    vocab = probs.numel()
+    _, kept, order, _ = top_k_top_p_min_p_sampling_from_probs_torch(
+        probs.clone()[None], torch.tensor([k if k else vocab]), torch.tensor([p if p else 1.0]),
+        torch.tensor([min_p or 0.0]), bool(min_p), None, torch.zeros(1, dtype=torch.long),
+        return_filtered_probs=True)
+    out = torch.zeros(vocab).scatter_(0, order[0].long(), kept[0])
+    return out / out.sum()
+
+
+def test_filter_row_is_plain_decodings_joint_rule():
+    """top-k, top-p over the unfiltered mass and min-p, as one rule: equal to sglang's torch
+    sampler's own filter and to the tests' reference, on random rows (peaked and flat, a 49k
+    vocabulary for rows the first 128-token head does not decide)."""
+    from rhyme_sglang.cpu_backend.sampling import filter_row
+    from tests.helpers import filtered_probs
+
+    gen = torch.Generator().manual_seed(11)
+    cases = 0
+    for vocab, scale in ((300, 4.0), (300, 0.5), (49152, 0.3)):
+        for _ in range(12):
+            logits = torch.randn(vocab, generator=gen) * scale
+            probs = torch.softmax(logits, -1)
+            k = [None, 1, 3, 20, 200, 100000][int(torch.randint(0, 6, (1,), generator=gen))]
+            p = [None, 0.3, 0.9, 0.999][int(torch.randint(0, 4, (1,), generator=gen))]
+            m = [None, 0.02, 0.3, 1e-5][int(torch.randint(0, 4, (1,), generator=gen))]
+            got = filter_row(probs, k, p, m)
+            torch.testing.assert_close(got, _plain_decoding_row(probs, k, p, m), rtol=1e-5, atol=1e-7)
+            ref = filtered_probs(logits[None], 1.0, k or -1, p or 1.0, m or 0.0)[0]
+            torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-7)
+            cases += 1
+    assert cases == 36
+    probs = torch.softmax(torch.tensor([3.0, 2.0, 1.0, 0.0]), -1)
+    assert filter_row(probs) is probs  # no filter: the row as it is
+
+
+def _fake_verify(logits, temps, info, nodes):
+    """What sglang's eagle_sample does to its target probabilities, inside the wrapper."""
+    from types import SimpleNamespace
+
+    from rhyme_sglang.cpu_backend.sampling import (lazy_verify_softmax,
+                                                   with_verify_filters)
+
+    def softmax(x, temperatures=None):
+        return torch.softmax(x / temperatures, dim=-1)
+
+    def eagle_sample(verify_input, batch):
+        probs = lazy_verify_softmax(softmax)(logits, temperatures=temps)
+        if batch.sampling_info.need_top_k_sampling:
+            probs = top_k_renorm_prob(probs, batch.sampling_info.top_ks.repeat_interleave(nodes))
+        if batch.sampling_info.need_top_p_sampling:
+            probs = top_p_renorm_prob(probs, batch.sampling_info.top_ps.repeat_interleave(nodes))
+        bs = logits.shape[0] // nodes
+        probs = probs.reshape(bs, nodes, -1)
+        return [probs[b, j].clone() for b in range(bs) for j in range(nodes)]
+
+    return with_verify_filters(eagle_sample)(SimpleNamespace(draft_token_num=nodes),
+                                             SimpleNamespace(sampling_info=info))
+
+
+@pytest.mark.parametrize("impl", ["inverse_cdf", "torch"])
+def test_verify_target_rows_are_filtered_as_plain_decoding(impl, monkeypatch):
+    """Inside the verify (``with_verify_filters``), lazy rows and the dense tensor (the
+    ``RHYME_CPU_SAMPLING=torch`` path) alike: each request's rows are its plain-decoding
+    distribution (top-k with top-p jointly, min-p), whatever renorm calls sglang makes after."""
+    from types import SimpleNamespace
+
+    from rhyme_sglang.cpu_backend import sampling
+
+    monkeypatch.setenv("RHYME_CPU_SAMPLING", impl)
+    gen = torch.Generator().manual_seed(4)
+    bs, nodes, vocab = 3, 3, 120
+    logits = torch.randn(bs * nodes, vocab, generator=gen) * 2.5
+    temps = torch.tensor([[0.8], [1.0], [1.2]]).repeat_interleave(nodes, dim=0)
+    ks, ps, mins = [10, 1 << 30, 40], [0.5, 0.9, 1.0], [0.05, 0.0, 0.2]
+    info = SimpleNamespace(need_top_k_sampling=True, top_ks=torch.tensor(ks),
+                           need_top_p_sampling=True, top_ps=torch.tensor(ps),
+                           need_min_p_sampling=True, min_ps=torch.tensor(mins))
+    rows = _fake_verify(logits, temps, info, nodes)
+    sequential = 0
+    for r, row in enumerate(rows):
+        b = r // nodes
+        probs = torch.softmax(logits[r] / temps[r], -1)
+        torch.testing.assert_close(row, _plain_decoding_row(probs, ks[b], ps[b], mins[b]),
+                                   rtol=1e-5, atol=1e-7)
+        old = top_p_renorm_prob(top_k_renorm_prob(probs[None], torch.tensor([ks[b]])),
+                                torch.tensor([ps[b]]))[0]
+        sequential += int(not torch.allclose(row, old, atol=1e-6))
+    assert sequential >= nodes  # sglang's own order (and no min-p) gives other rows
+    assert sampling._FILTERS.get() is None  # the context ends with the verify

@@ -78,9 +78,11 @@ def test_adaptive_mixes_plain_and_verify_steps_losslessly(tiny, baseline, tiny_m
     engine = tiny("tiny-rhyme-adaptive")
     _greedy_epochs(engine, baseline, 3)
     # sampled tokens: reported logprobs equal the model's (plain steps included)
-    sampled = engine.generate(input_ids=PROMPTS[:2] * 4, return_logprob=True,
-                              sampling_params={"temperature": 1.0, "max_new_tokens": 24})
-    _assert_logprobs_match_model(tiny_model_path, PROMPTS[:2] * 4, sampled)
+    for filters in ({}, {"top_k": 20, "top_p": 0.5, "min_p": 0.08}):  # verify filters rows too
+        sampled = engine.generate(input_ids=PROMPTS[:2] * 4, return_logprob=True,
+                                  sampling_params={"temperature": 1.0, "max_new_tokens": 24,
+                                                   **filters})
+        _assert_logprobs_match_model(tiny_model_path, PROMPTS[:2] * 4, sampled)
     stats = engine.rhyme_stats()
     # the cost model measured plain and verify steps (it explores promising cells once)
     steps = stats["decode_steps"]
@@ -129,9 +131,11 @@ def test_every_verify_width_and_switch_is_lossless(tiny, baseline, tiny_model_pa
         _assert_greedy_matches(out, baseline)
         engine.rhyme_advance_epoch()
     assert sum(o["meta_info"]["spec_num_correct_drafts"] for o in out) > 0
-    sampled = engine.generate(input_ids=PROMPTS[:2] * 4, return_logprob=True,
-                              sampling_params={"temperature": 1.0, "max_new_tokens": 24})
-    _assert_logprobs_match_model(tiny_model_path, PROMPTS[:2] * 4, sampled)
+    for filters in ({}, {"top_k": 20, "top_p": 0.5, "min_p": 0.08}):  # verify filters rows too
+        sampled = engine.generate(input_ids=PROMPTS[:2] * 4, return_logprob=True,
+                                  sampling_params={"temperature": 1.0, "max_new_tokens": 24,
+                                                   **filters})
+        _assert_logprobs_match_model(tiny_model_path, PROMPTS[:2] * 4, sampled)
     kinds = {"plain"} | {f"verify_w{w}" for w in (1, 2, 4, 8, 16)}
     stats = engine.rhyme_stats()
     assert kinds <= {k for k, v in stats["decode_steps"].items() if v > 0}

@@ -31,7 +31,10 @@ SAMPLE_PROMPT = [10, 11, 12, 13, 14, 15, 16, 17] * 2
 # NGRAM seeding: unseeded, a fresh NGRAM engine needed 26 verify steps for this prompt's 48
 # greedy tokens (its online corpus learns the repeats); seeded with them, 13
 SEED_PROMPT = [175, 87, 212, 343, 34, 47, 284, 58, 197, 308, 39, 269]
-SAMPLING = {"temp1": {}, "top_p0.9": {"top_p": 0.9}, "top_k5": {"top_k": 5}}
+SAMPLING = {"temp1": {}, "top_p0.9": {"top_p": 0.9}, "top_k5": {"top_k": 5},
+            # all three filters, each binding after this prompt: plain decoding applies them
+            # as one rule (top-p over the unfiltered mass), sglang's verify would not
+            "k20_p0.5_minp0.08": {"top_k": 20, "top_p": 0.5, "min_p": 0.08}}
 NUM_SAMPLES = 16000  # per speculative setting; see tests/test_stats_power.py for its power
 VANILLA_SAMPLES = 8000  # per setting, to check the reference against plain decoding
 ALPHA = 1e-3 / 3  # three comparisons per setting
@@ -137,7 +140,9 @@ def test_ngram_seed_gives_a_fresh_engine_the_history(tiny, baseline):
 CASES = [("tiny-ngram", "temp1", "float32"), ("tiny-ngram", "top_p0.9", "float32"),
          ("tiny-rhyme", "temp1", "float32"), ("tiny-rhyme", "top_p0.9", "float32"),
          ("tiny-rhyme", "top_k5", "float32"),
-         ("tiny-rhyme-cycle", "temp1", "float32"), ("tiny-rhyme-cycle", "temp1", "bfloat16")]
+         ("tiny-rhyme-cycle", "temp1", "float32"),
+         ("tiny-rhyme-cycle", "k20_p0.5_minp0.08", "float32"),
+         ("tiny-rhyme-cycle", "temp1", "bfloat16")]
 
 
 @pytest.mark.slow
