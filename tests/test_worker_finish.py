@@ -143,3 +143,22 @@ def test_group_prefill_holds_siblings_only_of_prompts_the_cache_lacks():
     queue.extend(held)
     assert worker.hold_back_siblings(queue, [], None, _Cache([], sharing=False)) == []
     assert worker.hold_back_siblings(queue, [], None) != []  # no cache given: groups as before
+
+
+def test_path_dependent_penalties_are_the_ones_a_tree_node_changes():
+    """No drafts for a request whose penalties depend on the tokens above a tree node, and
+    for ``min_new_tokens`` only until it is reached (a plain step's count until then)."""
+    from rhyme_sglang.sglang_ext.worker import path_dependent_penalties
+
+    def req(n_out=0, **params):
+        base = {"frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
+                "min_new_tokens": 0}
+        return SimpleNamespace(sampling_params=SimpleNamespace(**{**base, **params}),
+                               output_ids=[7] * n_out)
+
+    assert not path_dependent_penalties(req())
+    assert path_dependent_penalties(req(frequency_penalty=0.5))
+    assert path_dependent_penalties(req(presence_penalty=-0.2))
+    assert path_dependent_penalties(req(repetition_penalty=1.1))
+    assert path_dependent_penalties(req(n_out=29, min_new_tokens=30))
+    assert not path_dependent_penalties(req(n_out=30, min_new_tokens=30))

@@ -36,7 +36,7 @@ from rhyme_sglang.core.breakdown import decode_kind
 from rhyme_sglang.core.cost_model import PLAIN, SpecCostModel, check_widths, default_widths
 from rhyme_sglang.core.draft_rest import DraftRest
 from rhyme_sglang.core.horizon import Horizon, remaining_tokens
-from rhyme_sglang.core.draft import best_first_order, expected_accepts, truncate
+from rhyme_sglang.core.draft import Draft, best_first_order, expected_accepts, truncate
 from rhyme_sglang.sglang_ext import step_kinds, timeline
 from rhyme_sglang.sglang_ext.commands import ControlCommands
 from rhyme_sglang.sglang_ext.config import RhymeConfig
@@ -67,6 +67,18 @@ def _custom(req, key):
     except ValueError:
         return None
     return value
+
+
+def path_dependent_penalties(req) -> bool:
+    """Whether ``req``'s logits at a tree node depend on the draft tokens above that node:
+    frequency, presence or repetition penalties, or a ``min_new_tokens`` not reached yet.
+    sglang's verify applies the penalties accumulated before the step to every node of the
+    tree ("a relaxed version of penalties"), so such a request gets no drafts: its verify row
+    is its root, penalised exactly as in a plain step."""
+    params = req.sampling_params
+    return bool(params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
+                or params.repetition_penalty != 1.0
+                or len(req.output_ids) < (params.min_new_tokens or 0))
 
 
 def _prompt_cached(tree_cache, req) -> bool:
@@ -250,9 +262,12 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
             for i, req in enumerate(batch.reqs):
                 extra = prev_tokens[i * n : i * n + prev_lens[i]] if use_prev else []
                 self._sync(req, req.output_ids, extra)
-                t0 = time.perf_counter()
-                drafts.append(self.store.speculate(req.rid, self.max_width))
-                self.stats.record_lookup((time.perf_counter() - t0) * 1e6)
+                if path_dependent_penalties(req):
+                    drafts.append(Draft())  # verified at its root only: a plain step's token
+                else:
+                    t0 = time.perf_counter()
+                    drafts.append(self.store.speculate(req.rid, self.max_width))
+                    self.stats.record_lookup((time.perf_counter() - t0) * 1e6)
                 if extra:
                     self._tracked[req.rid].last = extra[-1]
         return drafts

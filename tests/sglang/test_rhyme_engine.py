@@ -148,6 +148,29 @@ def test_every_verify_width_and_switch_is_lossless(tiny, baseline, tiny_model_pa
     assert all(e[1] in kinds | {"prefill"} for e in breakdown["timeline"])
 
 
+def test_penalised_requests_keep_plain_decodings_tokens(tiny):
+    """Frequency, presence and repetition penalties and ``min_new_tokens`` depend on the tokens
+    above each tree node, which sglang's verify does not see (it gives every node the penalties
+    accumulated before the step): such requests get no drafts, and keep plain decoding's tokens
+    through every width, while an unpenalised request in the same batch still speculates.
+    Without the rule the first three differed here. The reference is plain decoding with the
+    synchronous scheduler, as RHYME runs; sglang's overlap scheduler counts the penalties one
+    token late (the prompt's last token at the first step)."""
+    extras = ({"frequency_penalty": 1.0}, {"presence_penalty": 1.0}, {"repetition_penalty": 1.3},
+              {"min_new_tokens": 30}, {})
+    params = [{"temperature": 0, "max_new_tokens": 40, **extra} for extra in extras]
+    prompts = [PROMPTS[1], PROMPTS[2], PROMPTS[1], PROMPTS[0], PROMPTS[2]]
+    plain = tiny("tiny", disable_overlap_schedule=True)
+    reference = [o["output_ids"] for o in plain.generate(input_ids=prompts, sampling_params=params)]
+    engine = tiny("tiny-rhyme-cycle")
+    for _ in range(3):  # later rounds draft from the earlier ones
+        out = engine.generate(input_ids=prompts, sampling_params=params)
+        assert [o["output_ids"] for o in out] == reference
+        engine.rhyme_advance_epoch()
+    accepted = [o["meta_info"]["spec_num_correct_drafts"] for o in out]
+    assert accepted[:3] == [0, 0, 0] and accepted[4] > 0, accepted
+
+
 def test_bf16_every_width_keeps_greedy_tokens_and_logprobs(tiny):
     """In bf16 too (the dtype ``auto`` picks on CPUs with AMX): plain decode and every verify
     width with every switch give the greedy tokens and logprobs of non-speculative bf16
