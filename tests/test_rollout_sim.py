@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from benchmarks import cost_tables as ct
 from benchmarks import rollout_sim as rs
 from benchmarks.ordering_sim import Migration, SimRequest, UnitStepper, simulate
 from rhyme_sglang.core import TraceRecord, write_trace
@@ -20,7 +21,7 @@ def _table(points):
 
 
 def test_step_cost_table_interpolates_batch_width_and_context():
-    t = rs.StepCostTable(_table([(1000, 1, 0, 1.0), (1000, 3, 0, 2.0), (1000, 1, 4, 3.0),
+    t = ct.StepCostTable(_table([(1000, 1, 0, 1.0), (1000, 3, 0, 2.0), (1000, 1, 4, 3.0),
                                  (1000, 3, 4, 5.0), (3000, 1, 0, 2.0), (3000, 3, 0, 3.0),
                                  (3000, 1, 4, 4.0), (3000, 3, 4, 6.0)]))
     assert t.seconds(1, 0, 1000) == pytest.approx(1.0)
@@ -37,14 +38,14 @@ def test_skipped_points_are_ignored_and_an_empty_table_is_refused():
     table = _table([(1000, 1, 0, 1.0)])
     table["points"].append(dict(context=1000, batch_size=2, width=0, tokens=2, seconds=None,
                                 status="skipped: out of memory"))
-    assert rs.StepCostTable(table).seconds(2, 0, 1000) == pytest.approx(1.0)
+    assert ct.StepCostTable(table).seconds(2, 0, 1000) == pytest.approx(1.0)
     table["points"] = table["points"][1:]
     with pytest.raises(ValueError, match="no measured points"):
-        rs.StepCostTable(table)
+        ct.StepCostTable(table)
 
 
 def test_cost_model_table_reads_seconds_per_request_step():
-    t = rs.CostModelTable(FLAT_MS)
+    t = ct.CostModelTable(FLAT_MS)
     assert t.seconds(1, 0, 0) == pytest.approx(0.01)
     assert t.seconds(64, 8, 0) == pytest.approx(0.01)
 
@@ -80,7 +81,7 @@ def _trace(tmp_path, epochs=3, length=40):
 
 def test_history_drafting_beats_vanilla_on_a_repeating_trace(tmp_path):
     _, recs = _trace(tmp_path)
-    table = rs.CostModelTable(FLAT_MS)
+    table = ct.CostModelTable(FLAT_MS)
     cfg = rs.SimConfig(k=8, max_running=8, prefill=False, engines=1)
     out = rs.run(recs, lambda m: table, cfg, ["vanilla", "rhymerl", "rhyme", "rhyme_fixed"],
                  backend="python")
@@ -102,7 +103,7 @@ def test_copies_use_disjoint_alphabets_and_two_engines_balance(tmp_path):
     alph = [set(t for r in scaled if r.prompt_id.endswith(sfx) for t in r.response_token_ids)
             for sfx in ("p0", "~1", "~2")]
     assert not alph[0] & alph[1] and not alph[1] & alph[2]
-    table = rs.CostModelTable(FLAT_MS)
+    table = ct.CostModelTable(FLAT_MS)
     one = rs.run_mode("vanilla", scaled, table, rs.SimConfig(max_running=4, prefill=False))
     two = rs.run_mode("vanilla", scaled, table, rs.SimConfig(max_running=4, engines=2,
                                                                 prefill=False))
@@ -111,7 +112,7 @@ def test_copies_use_disjoint_alphabets_and_two_engines_balance(tmp_path):
 
 def test_length_scale_multiplies_vanilla_time(tmp_path):
     _, recs = _trace(tmp_path, epochs=2)
-    table = rs.CostModelTable(FLAT_MS)
+    table = ct.CostModelTable(FLAT_MS)
     base = rs.run_mode("vanilla", recs, table, rs.SimConfig(prefill=False))
     x4 = rs.run_mode("vanilla", recs, table, rs.SimConfig(prefill=False, length_scale=4))
     assert x4["makespan_s"] == pytest.approx(4 * base["makespan_s"])
@@ -168,13 +169,13 @@ def test_timeline_table_charges_each_mode_its_measured_steps():
     timeline = [[0.0, "prefill", 4, 1.0, 100], [1.0, "prefill", 4, 3.0, 300],
                 [2.0, "plain", 2, 0.2, 2], [2.2, "plain", 2, 0.4, 2], [2.6, "plain", 4, 0.5, 4],
                 [3.1, "verify_w4", 2, 0.9, 5]]
-    t = rs.TimelineTable([timeline])
+    t = ct.TimelineTable([timeline])
     assert t.seconds(2, 0, 0) == pytest.approx(0.3)  # mean of the bs-2 plain steps
     assert t.seconds(3, 0, 0) == pytest.approx(0.4)  # between batch sizes
     assert t.seconds(2, 2, 0) == pytest.approx(0.6)  # between plain and width 4
     assert t.forward_seconds(200) == pytest.approx(2.0)  # prefill line: 0.01 s per token
     with pytest.raises(ValueError, match="no decode steps"):
-        rs.TimelineTable([[[0.0, "prefill", 1, 1.0, 10]]])
+        ct.TimelineTable([[[0.0, "prefill", 1, 1.0, 10]]])
 
 
 def test_validate_uses_timelines_per_mode_draft_tokens_and_shared_history(tmp_path):
