@@ -146,7 +146,9 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         t0 = time.perf_counter()
         # the cost model picks the width (not a fixed or cycled one): drafting may rest
         learned = self._widths_vary(batch) and not self.config.cycle_widths
-        if learned and self._resting(batch):
+        if self._plain_only(batch):
+            width, counts = PLAIN, None
+        elif learned and self._resting(batch):
             width, counts = PLAIN, None
         else:
             drafts = self._draft_batch(batch)
@@ -178,6 +180,14 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         """Whether this step may take any width (else the largest: GPU overlap scheduling
         relays the last step's tokens with a fixed stride; grammar batches; ``adaptive=False``)."""
         return bool(self.config.adaptive and not self.enable_overlap and not batch.has_grammar)
+
+    def _plain_only(self, batch) -> bool:
+        """Whether this step must be plain whatever the width settings: sglang's verify does
+        not run custom logit processors (its sampler does), so a batch with one decodes plain
+        where plain steps can run (the synchronous scheduler, no grammar)."""
+        info = batch.sampling_info
+        return bool(not self.enable_overlap and not batch.has_grammar
+                    and info is not None and info.has_custom_logit_processor)
 
     def _resting(self, batch) -> bool:
         """Whether this step is plain without drafting (:class:`DraftRest`); a request the

@@ -14,6 +14,8 @@ pytestmark = pytest.mark.sglang
 PROMPTS = [[1, 5, 6, 7, 8], [3, 4, 5], [10, 11, 12, 13, 14, 15, 16, 17] * 3]
 GREEDY = {"temperature": 0, "max_new_tokens": 48, "ignore_eos": True}
 SAMPLE_PROMPT = [20, 21, 22, 23, 24]
+# plain decoding as RHYME schedules it (synchronous), with custom logit processors allowed
+SYNC_PLAIN = {"disable_overlap_schedule": True, "enable_custom_logit_processor": True}
 
 
 @pytest.fixture(scope="module")
@@ -160,15 +162,36 @@ def test_penalised_requests_keep_plain_decodings_tokens(tiny):
               {"min_new_tokens": 30}, {})
     params = [{"temperature": 0, "max_new_tokens": 40, **extra} for extra in extras]
     prompts = [PROMPTS[1], PROMPTS[2], PROMPTS[1], PROMPTS[0], PROMPTS[2]]
-    plain = tiny("tiny", disable_overlap_schedule=True)
+    plain = tiny("tiny", **SYNC_PLAIN)
     reference = [o["output_ids"] for o in plain.generate(input_ids=prompts, sampling_params=params)]
-    engine = tiny("tiny-rhyme-cycle")
+    engine = tiny("tiny-rhyme-cycle", enable_custom_logit_processor=True)
     for _ in range(3):  # later rounds draft from the earlier ones
         out = engine.generate(input_ids=prompts, sampling_params=params)
         assert [o["output_ids"] for o in out] == reference
         engine.rhyme_advance_epoch()
     accepted = [o["meta_info"]["spec_num_correct_drafts"] for o in out]
     assert accepted[:3] == [0, 0, 0] and accepted[4] > 0, accepted
+
+
+def test_custom_logit_processors_run_in_plain_steps(tiny):
+    """sglang's verify does not run custom logit processors (its sampler does): a batch with
+    one decodes plain, so a processor that bans the tokens the history drafts keeps them out,
+    and the tokens are plain decoding's."""
+    from sglang.srt.sampling.custom_logit_processor import DisallowedTokensLogitsProcessor
+
+    banned = {"custom_params": {"token_ids": [163, 67, 322]}}
+    proc = [DisallowedTokensLogitsProcessor.to_str()] * len(PROMPTS)
+    params = [{"temperature": 0, "max_new_tokens": 40, "ignore_eos": True, **banned}] * len(PROMPTS)
+    reference = [o["output_ids"] for o in tiny("tiny", **SYNC_PLAIN).generate(
+        input_ids=PROMPTS, sampling_params=params, custom_logit_processor=proc)]
+    assert not {163, 67, 322} & {t for r in reference for t in r}
+    engine = tiny("tiny-rhyme-cycle", enable_custom_logit_processor=True)
+    engine.generate(input_ids=PROMPTS, sampling_params=GREEDY)  # history with those tokens
+    engine.rhyme_advance_epoch()
+    engine.rhyme_breakdown(reset=True)
+    out = engine.generate(input_ids=PROMPTS, sampling_params=params, custom_logit_processor=proc)
+    assert [o["output_ids"] for o in out] == reference
+    assert set(engine.rhyme_breakdown()["decode"]) == {"plain"}
 
 
 def test_bf16_every_width_keeps_greedy_tokens_and_logprobs(tiny):
