@@ -253,7 +253,8 @@ class SpecCostModel:
         rates = self.rates(batch_size, expected, calibrated, horizon, critical)
         plain_rate = rates[PLAIN]
         self.last_advantage = max((rates[w] or 0.0) for w in useful) / plain_rate
-        known = {w: rates[w] for w in useful if self.step_time(batch_size, w) is not None}
+        estimated = {w: rates[w] for w in useful if self.step_time(batch_size, w) is not None}
+        known = {w: r for w, r in estimated.items() if self._measured_here(bucket, w)}
         best_known = max([plain_rate] + list(known.values()))
         for w in sorted(useful, key=lambda w: -(rates[w] or float("inf"))):
             if w not in known and (rates[w] is None or rates[w] >= self.explore_within * best_known):
@@ -261,7 +262,7 @@ class SpecCostModel:
         scored = sorted(((r, w) for w, r in known.items() if r > self.margin * plain_rate),
                         reverse=True)
         ranking = [w for _, w in scored] + [PLAIN]
-        return self._maybe_reexplore(bucket, ranking[0], {PLAIN: plain_rate, **known})
+        return self._maybe_reexplore(bucket, ranking[0], {PLAIN: plain_rate, **estimated})
 
     def choose_rows(self, batch_size: int, gains: Sequence[Sequence[float]],
                     horizon: Optional[Horizon] = None):
@@ -325,7 +326,8 @@ class SpecCostModel:
         if not best:
             return plain
         self.last_advantage = max(r for r, _ in best.values()) / plain_rate
-        known = {w: r for w, (r, _) in best.items() if self.step_time(bs, w) is not None}
+        estimated = {w: r for w, (r, _) in best.items() if self.step_time(bs, w) is not None}
+        known = {w: r for w, r in estimated.items() if self._measured_here(bucket, w)}
         best_known = max([plain_rate] + list(known.values()))
         for w in sorted(best, key=lambda w: -best[w][0]):
             if w not in known and best[w][0] >= self.explore_within * best_known:
@@ -333,8 +335,16 @@ class SpecCostModel:
         ranking = sorted(((r, w) for w, r in known.items() if r > self.margin * plain_rate),
                          reverse=True)
         choice = ranking[0][1] if ranking else PLAIN
-        choice = self._maybe_reexplore(bucket, choice, {PLAIN: plain_rate, **known})
+        choice = self._maybe_reexplore(bucket, choice, {PLAIN: plain_rate, **estimated})
         return plain if choice == PLAIN else (choice, best[choice][1])
+
+    def _measured_here(self, bucket: int, width: int) -> bool:
+        """Whether this model ran the cell. A seeded cell (another engine's measurement) is an
+        estimate until then: tried once when promising, like a cell never run (stop 42: a
+        batch-1 width-8 cell saved by a long-context rollout read 47 ms against 25 ms plain
+        steps, and ``bench_serving``'s short chats ran plain where a width-8 verify took 37 ms
+        in the stop before; resting drafting slowed the re-exploration clock)."""
+        return self.steps.measured_at((bucket, width)) >= 0
 
     def _maybe_reexplore(self, bucket: int, choice: int, rates: Mapping[int, float]) -> int:
         """``choice``, except every ``reexplore_every`` decisions: the stalest other cell

@@ -377,6 +377,20 @@ def test_ragged_horizon_takes_the_long_requests_nodes():
         m.choose_rows(8, gains, Horizon((1, 2)))
 
 
+def test_a_promising_seeded_cell_is_tried_at_once_then_judged_on_its_measurement():
+    """A seeded cell is an estimate: within ``explore_within`` of the best rate it is run on
+    the first decision (a seed saved by a long-context rollout kept bench_serving's batch-1
+    chats on plain steps), and its first measurement replaces the seed."""
+    for width_seconds, then in ((0.037, 8), (0.060, PLAIN)):
+        m = SpecCostModel(widths=(8,), reexplore_every=1000, close_refresh=1000)
+        m.seed({(1, PLAIN): 0.025, (1, 8): 0.0466})
+        m.observe_step(1, PLAIN, 0.025)
+        expected = {8: 0.6}  # (1 + 0.6) / 0.0466 = 34 tok/s against plain's 40
+        assert m.choose_width(1, expected, calibrated=True) == 8  # tried once
+        m.observe_step(1, 8, width_seconds)  # 43 tok/s: kept; 27 tok/s: plain from then on
+        assert [m.choose_width(1, expected, calibrated=True) for _ in range(3)] == [then] * 3
+
+
 def test_a_seeded_cell_is_run_once_however_slow_it_reads():
     """Seeds come from earlier engines (slower kernels, other code): a verify cell seeded at 3x
     a plain step is measured once at a re-exploration point, then judged on what it measured;
