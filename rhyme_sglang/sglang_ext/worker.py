@@ -146,9 +146,7 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         t0 = time.perf_counter()
         # the cost model picks the width (not a fixed or cycled one): drafting may rest
         learned = self._widths_vary(batch) and not self.config.cycle_widths
-        if self._plain_only(batch):
-            width, counts = PLAIN, None
-        elif learned and self._resting(batch):
+        if self._plain_only(batch) or (learned and self._resting(batch)):
             width, counts = PLAIN, None
         else:
             drafts = self._draft_batch(batch)
