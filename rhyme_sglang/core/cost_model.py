@@ -253,8 +253,7 @@ class SpecCostModel:
         rates = self.rates(batch_size, expected, calibrated, horizon, critical)
         plain_rate = rates[PLAIN]
         self.last_advantage = max((rates[w] or 0.0) for w in useful) / plain_rate
-        estimated = {w: rates[w] for w in useful if self.step_time(batch_size, w) is not None}
-        known = {w: r for w, r in estimated.items() if self._measured_here(bucket, w)}
+        estimated, known = self._estimated_and_known(batch_size, {w: rates[w] for w in useful})
         best_known = max([plain_rate] + list(known.values()))
         for w in sorted(useful, key=lambda w: -(rates[w] or float("inf"))):
             if w not in known and (rates[w] is None or rates[w] >= self.explore_within * best_known):
@@ -326,8 +325,7 @@ class SpecCostModel:
         if not best:
             return plain
         self.last_advantage = max(r for r, _ in best.values()) / plain_rate
-        estimated = {w: r for w, (r, _) in best.items() if self.step_time(bs, w) is not None}
-        known = {w: r for w, r in estimated.items() if self._measured_here(bucket, w)}
+        estimated, known = self._estimated_and_known(bs, {w: r for w, (r, _) in best.items()})
         best_known = max([plain_rate] + list(known.values()))
         for w in sorted(best, key=lambda w: -best[w][0]):
             if w not in known and best[w][0] >= self.explore_within * best_known:
@@ -337,6 +335,13 @@ class SpecCostModel:
         choice = ranking[0][1] if ranking else PLAIN
         choice = self._maybe_reexplore(bucket, choice, {PLAIN: plain_rate, **estimated})
         return plain if choice == PLAIN else (choice, best[choice][1])
+
+    def _estimated_and_known(self, batch_size: int, rates: Mapping[int, float]):
+        """``(estimated, known)``: the widths of ``rates`` whose cell at this batch size has a
+        cost (seeded or measured), and of those the ones this model ran (:meth:`_measured_here`)."""
+        bucket = bucket_of(batch_size)
+        estimated = {w: r for w, r in rates.items() if self.step_time(batch_size, w) is not None}
+        return estimated, {w: r for w, r in estimated.items() if self._measured_here(bucket, w)}
 
     def _measured_here(self, bucket: int, width: int) -> bool:
         """Whether this model ran the cell. A seeded cell (another engine's measurement) is an
