@@ -19,7 +19,14 @@ One run, one machine, one policy trajectory for every mode:
    pays); ``rhyme_fixed`` verifies every request's drafts up to 8 tokens (no cost model);
    ``rhyme_batch_width`` (not in the default ``--modes``) is ``rhyme`` with one width per
    step for the whole batch (``rhyme_ragged=False``), as runs 11-13 measured RHYME.
+   **Same answers.** With ``--sampling-seeds shared`` (the default) request (epoch, prompt,
+   sample) carries the same ``sampling_seed`` in every mode, and every mode draws a seeded
+   request's tokens alike (speculation keeps them: ``cpu_backend/sampling.py``), so every mode
+   decodes the same answers and the makespans compare the same work; at temperature 1.0 the
+   answers' lengths otherwise move a makespan more than the schedule does (runs 23-27 read
+   RHYME x0.87-1.48 vanilla). ``none``: each mode samples its own answers.
 3. **Report.** Per mode and epoch: makespan (last finish), time to 90% finished, output tok/s,
+   ``same_tokens_as_vanilla`` (the share of requests whose tokens equal the trajectory's),
    tau (tokens per decode step of a request), decode steps by kind and the scheduler's time
    breakdown (``Engine.rhyme_breakdown``: prefill, decode by kind, draft lookups, result
    processing, scheduling, idle). ``speedup_vs_vanilla`` is the makespan ratio summed over
@@ -90,15 +97,18 @@ def build_prompts(model_path: str, counts, datasets: list[str], seed: int):
 
 
 async def timed_pairs(engine, pairs, max_new_tokens: int, exact_lengths=None,
-                      return_logprob: bool = False):
+                      return_logprob: bool = False, seeds=None):
     """Submit every (prompt, sample) pair at once at temperature 1.0; return per-request
     results (ids, meta_info, latency) and the makespan. With ``exact_lengths``
-    ({(prompt_id, sample): n}) each request generates exactly n tokens."""
+    ({(prompt_id, sample): n}) each request generates exactly n tokens; with ``seeds``
+    ({(prompt_id, sample): seed}) each request draws with that ``sampling_seed``."""
     start = time.perf_counter()
 
     async def one(prompt, sample):
         params = {"temperature": 1.0, "max_new_tokens": max_new_tokens,
                   "custom_params": {"rhyme_prompt_id": prompt.prompt_id, "rhyme_sample": sample}}
+        if seeds is not None:
+            params["sampling_seed"] = seeds[prompt.prompt_id, sample]
         if exact_lengths is not None:
             params.update(max_new_tokens=max(1, exact_lengths[prompt.prompt_id, sample]),
                           ignore_eos=True)
@@ -144,14 +154,24 @@ def _epoch_stats(results, makespan, rewards) -> dict:
     return stats
 
 
-def _generate_epoch(engine, prompts, args):
+def _generate_epoch(engine, prompts, args, epoch: int):
     pairs = [(p, k) for p in prompts for k in range(args.group)]
+    from rl_driver.tasks import sampling_seed
+
+    seeds = None if args.sampling_seeds == "none" else {
+        (p.prompt_id, k): sampling_seed(args.seed, epoch, p.prompt_id, k) for p, k in pairs}
     return engine.loop.run_until_complete(
-        timed_pairs(engine, pairs, args.max_new_tokens, return_logprob=True))
+        timed_pairs(engine, pairs, args.max_new_tokens, return_logprob=True, seeds=seeds))
 
 
-def _record_epoch(engine, name, epoch, results, makespan, rewards, report) -> dict:
-    stats = _epoch_stats(results, makespan, rewards)
+def _same_tokens(results, vanilla) -> float:
+    """The share of requests whose tokens equal vanilla's (same epoch, prompt and sample)."""
+    ref = {(prompt.prompt_id, sample): ids for prompt, sample, ids, _ in vanilla}
+    return sum(r["ids"] == ref.get((r["prompt"].prompt_id, r["sample"])) for r in results) / len(results)
+
+
+def _record_epoch(engine, name, epoch, results, makespan, rewards, report, **extra) -> dict:
+    stats = dict(_epoch_stats(results, makespan, rewards), **extra)
     breakdown = engine.rhyme_breakdown(reset=True)
     stats["decode_steps"] = {k: v["steps"] for k, v in breakdown["decode"].items()}
     report["per_epoch"].setdefault(name, []).append(dict(stats, epoch=epoch))
@@ -215,7 +235,7 @@ def trajectory(model_path, dtype, prompts, tok, args, report) -> tuple:
             if epoch > 0:
                 _load(engine, checkpoints[epoch])
             engine.rhyme_breakdown(reset=True)  # the window is this epoch's rollout alone
-            results, makespan = _generate_epoch(engine, prompts, args)
+            results, makespan = _generate_epoch(engine, prompts, args, epoch)
             rewards = score(results, tok, reasoning_gym_reward)
             _record_epoch(engine, "vanilla", epoch, results, makespan, rewards, report)
             trace.append([(r["prompt"], r["sample"], r["ids"], x) for r, x in zip(results, rewards)])
@@ -270,9 +290,10 @@ def timed_mode(name, model_path, dtype, prompts, tok, args, checkpoints, trace, 
         for epoch in range(first, args.epochs):
             _load(engine, checkpoints[epoch])
             engine.rhyme_breakdown(reset=True)
-            results, makespan = _generate_epoch(engine, prompts, args)
+            results, makespan = _generate_epoch(engine, prompts, args, epoch)
             rewards = score(results, tok, reasoning_gym_reward)
-            _record_epoch(engine, name, epoch, results, makespan, rewards, report)
+            _record_epoch(engine, name, epoch, results, makespan, rewards, report,
+                          same_tokens_as_vanilla=_same_tokens(results, trace[epoch]))
             if name.startswith("rhyme"):
                 engine.rhyme_set_rewards([{"rid": r["meta"]["id"], "reward": x}
                                           for r, x in zip(results, rewards)])
@@ -290,6 +311,8 @@ def _mode_summary(epochs: list) -> dict:
             "t90_s": sum(e["t90_s"] for e in epochs),
             "tau": statistics.mean(e["tau"] for e in epochs),
             "mean_reward": statistics.mean(e["mean_reward"] for e in epochs),
+            "same_tokens_as_vanilla": statistics.mean(e.get("same_tokens_as_vanilla", 1.0)
+                                                      for e in epochs),
             "epochs": [e["epoch"] for e in epochs]}
 
 
@@ -338,6 +361,11 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="auto",
                         help="auto (measured: bf16 only where native) | float32 | bfloat16")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sampling-seeds", choices=("shared", "none"), default="shared",
+                        help="shared: request (epoch, prompt, sample) draws with the same "
+                             "sampling_seed in every mode, so every mode decodes the same tokens "
+                             "(speculation keeps a seeded request's tokens) and the makespans "
+                             "compare the same work; none: each mode samples its own answers")
     parser.add_argument("--json", default=None)
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args(argv)
@@ -410,6 +438,7 @@ def main(argv=None) -> int:
     wall["total"] = time.perf_counter() - start
     line = f"bench_rollout {args.model} ({dtype}, {' '.join(report['cpu_flags'])}): " + ", ".join(
         f"{m} {r['makespan_s']:.1f}s {r['tokens_per_s']:.0f} tok/s tau {r['tau']:.2f}"
+        + ("" if m == "vanilla" else f" same tokens {100 * r['same_tokens_as_vanilla']:.0f}%")
         for m, r in report["modes"].items())
     line += " | speedup vs vanilla (epochs >= %d): " % args.timed_from + ", ".join(
         f"{m} x{v:.2f}" for m, v in report["speedup_vs_vanilla"].items())

@@ -45,7 +45,8 @@ def _side_by_side(config) -> None:
     print(f"  vanilla SGLang {v['makespan_s']:.1f}s, {v['tokens_per_s']:.0f} tok/s | RHYME "
           f"{h['makespan_s']:.1f}s, {h['tokens_per_s']:.0f} tok/s, tau {h['tau']:.2f} | "
           f"RHYME vs vanilla: x{r['speedup_tokens_per_s']:.2f} tok/s "
-          f"(x{r['speedup_makespan']:.2f} makespan)", flush=True)
+          f"(x{r['speedup_makespan']:.2f} makespan; same tokens for "
+          f"{100 * r['same_tokens']:.0f}% of requests: seeded draws)", flush=True)
     for name, label in (("vanilla", "vanilla"), ("rhyme", "RHYME")):
         print(f"    {label}: {_steps_line(r[name].get('breakdown'))}", flush=True)
 

@@ -5,9 +5,12 @@
 ``group_size`` samples with a vanilla engine and with a RHYME engine given the run's whole
 history (every traced epoch, with rewards, imported with ``rhyme_import_history``). Both use
 the run's resolved dtype and threads, the same sampling parameters and the same maximum
-length, so the ratio shows what history drafting gives the next epoch. Response lengths are
-sampled, so the figure of merit is output tokens per second; the makespan ratio is reported
-too, and each engine's time breakdown of the timed rollout (decode steps by kind with their
+length, so the ratio shows what history drafting gives the next epoch. Request (prompt, sample)
+draws with the same ``sampling_seed`` on both engines (:func:`rl_driver.tasks.sampling_seed`),
+and a seeded request decodes the same tokens with or without speculation, so both engines
+decode the same answers (``same_tokens``: the share of requests whose tokens are equal) and
+the makespan ratio compares the same work; output tokens per second is reported too, and
+each engine's time breakdown of the timed rollout (decode steps by kind with their
 seconds, prefill, overheads: :func:`rl_driver.metrics.summarize_breakdown`).
 
 Each engine runs in a child process whose output (SGLang's start-up logs and warnings) goes to
@@ -31,21 +34,24 @@ from typing import Any, Dict, Optional
 logger = logging.getLogger(__name__)
 
 
-async def _rollout(engine, prompts, group: int, params: Dict[str, Any]) -> Dict[str, Any]:
+async def _rollout(engine, prompts, group: int, params: Dict[str, Any],
+                   seeds: Dict[Any, int]) -> Dict[str, Any]:
     start = time.perf_counter()
 
     async def one(prompt, sample):
-        sp = dict(params, custom_params={"rhyme_prompt_id": prompt.prompt_id,
-                                         "rhyme_sample": sample})
+        sp = dict(params, sampling_seed=seeds[prompt.prompt_id, sample],
+                  custom_params={"rhyme_prompt_id": prompt.prompt_id, "rhyme_sample": sample})
         out = await engine.async_generate(input_ids=list(prompt.token_ids), sampling_params=sp)
         return out
 
-    outs = await asyncio.gather(*(one(p, s) for p in prompts for s in range(group)))
+    keys = [(p, s) for p in prompts for s in range(group)]
+    outs = await asyncio.gather(*(one(p, s) for p, s in keys))
     seconds = time.perf_counter() - start
     tokens = sum(len(o["output_ids"]) for o in outs)
     steps = sum(o["meta_info"].get("spec_verify_ct", 0) or 0 for o in outs)
     return {"makespan_s": seconds, "output_tokens": tokens, "tokens_per_s": tokens / seconds,
-            "tau": tokens / steps if steps else 1.0}
+            "tau": tokens / steps if steps else 1.0,
+            "output_ids": [[p.prompt_id, s, o["output_ids"]] for (p, s), o in zip(keys, outs)]}
 
 
 def _history_states(config, before_epoch: int):
@@ -76,11 +82,14 @@ def _time_one(config, name: str, barrier=None) -> Dict[str, Any]:
     from rhyme_sglang import Engine
     from rhyme_sglang.models import resolve_model_path
     from rl_driver.metrics import summarize_breakdown
-    from rl_driver.tasks import build_prompts
+    from rl_driver.tasks import build_prompts, sampling_seed
 
     prompts = build_prompts(config.task, AutoTokenizer.from_pretrained(
         resolve_model_path(config.model)), config.seed)
     epochs = config.loop.epochs
+    group = config.rollout.group_size
+    seeds = {(p.prompt_id, k): sampling_seed(config.seed, epochs, p.prompt_id, k)
+             for p in prompts for k in range(group)}
     engine = Engine(**_engine_args(config, name))
     try:
         if name == "rhyme":
@@ -94,7 +103,7 @@ def _time_one(config, name: str, barrier=None) -> Dict[str, Any]:
             barrier.wait()
         engine.rhyme_breakdown(reset=True)  # the timed rollout's window only
         out = engine.loop.run_until_complete(
-            _rollout(engine, prompts, config.rollout.group_size, config.rollout.sampling_params()))
+            _rollout(engine, prompts, group, config.rollout.sampling_params(), seeds))
         out["breakdown"] = summarize_breakdown(engine.rhyme_breakdown())
         return out
     finally:
@@ -165,6 +174,9 @@ def compare(config, concurrent: Optional[bool] = None) -> Dict[str, Any]:
     else:
         out = {name: _time_one(config, name) for name in ("vanilla", "rhyme")}
     out["concurrent"] = concurrent
+    tokens = {(pid, k): ids for pid, k, ids in out["vanilla"]["output_ids"]}
+    same = [tokens.get((pid, k)) == ids for pid, k, ids in out["rhyme"]["output_ids"]]
+    out["same_tokens"] = sum(same) / len(same)
     out["speedup_tokens_per_s"] = out["rhyme"]["tokens_per_s"] / out["vanilla"]["tokens_per_s"]
     out["speedup_makespan"] = out["vanilla"]["makespan_s"] / out["rhyme"]["makespan_s"]
     return out

@@ -6,11 +6,20 @@ The same prompts are used every epoch (history drafting relies on that).
 
 from __future__ import annotations
 
+import hashlib
 import random
 from dataclasses import dataclass, field
 from typing import Any, Dict, List
 
 from rl_driver.config import TaskConfig
+
+def sampling_seed(seed: int, epoch: int, prompt_id, sample: int) -> int:
+    """A ``sampling_seed`` for sample ``sample`` of prompt ``prompt_id`` in ``epoch`` (63 bits,
+    a hash of the four): engines that get the same one draw the same tokens from the same
+    policy, speculating or not."""
+    digest = hashlib.blake2b(f"{seed}/{epoch}/{prompt_id}/{sample}".encode(), digest_size=8)
+    return int.from_bytes(digest.digest(), "little") >> 1
+
 
 INSTRUCTION = "Reason briefly step by step, then give the final answer inside <answer>...</answer>."
 SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"

@@ -32,6 +32,7 @@ _PATCHED_MODULES = (
     "sglang.srt.arg_groups.overrides",
     "sglang.srt.speculative.eagle_utils",
     "sglang.srt.layers.sampler",
+    "sglang.srt.sampling.sampling_batch_info",
     "sglang.srt.layers.quantization.unquant",
     "sglang.srt.layers.logits_processor",
     "sglang.srt.model_executor.model_runner_components.weight_updater",

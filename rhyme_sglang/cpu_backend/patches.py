@@ -12,11 +12,16 @@ Applied by :mod:`.bootstrap` right after the target module executes, only while 
   we route sampled requests through our lossless tree verification, whose target
   probabilities are computed only for the tree rows the walk reads and filtered as plain
   decoding filters them (sglang's verify renormalises top-k before top-p and drops min-p).
-* ``fast_cpu_sampling`` (``sglang.srt.layers.sampler``): plain sampling without top-k/top-p
-  (an RL rollout's temperature-only case) draws with :func:`.sampling.sample_rows` instead of
-  ``torch.multinomial``, which costs ~1.8 ms a row on CPU at a 49k-token vocabulary. Same
-  distribution; seeded (deterministic) sampling keeps sglang's own path, and
-  ``RHYME_CPU_SAMPLING=torch`` keeps it everywhere.
+* ``fast_cpu_sampling`` (``sglang.srt.layers.sampler``): plain sampling draws with
+  :func:`.sampling.sample_rows` (inverse CDF in vocabulary order) instead of
+  ``torch.multinomial``, which costs ~1.8 ms a row on CPU at a 49k-token vocabulary, with
+  each row's seeded coin; top-k / top-p / min-p rows are filtered as a verify filters them
+  (:func:`.sampling.filter_row`). Same distribution; ``RHYME_CPU_SAMPLING=torch`` keeps
+  sglang's own draw (and ignores seeds, as sglang does without deterministic inference).
+* ``seeded_cpu_sampling`` (``sglang.srt.sampling.sampling_batch_info``): every CPU batch
+  carries its requests' seeds (``sampling_seed``, or a random one per request), so a plain
+  step and a verify draw a position's token with the same coin; the verify then takes the
+  seeded coins itself (``lossless_sampling_verify`` replaces sglang's Triton-hashed ones).
 * ``packed_cpu_linear`` (``sglang.srt.layers.quantization.unquant``) and
   ``packed_cpu_lm_head`` (``sglang.srt.layers.logits_processor``): CPU linears and the
   lm_head run through :mod:`.linear` (oneDNN with packed weights at the row counts where this
@@ -56,12 +61,27 @@ def keep_intel_amx_attention(overrides_module) -> None:
 
 
 def lossless_sampling_verify(eagle_utils) -> None:
+    import torch
+
     from rhyme_sglang.cpu_backend import sampling
 
     def _verify_uses_greedy(*, is_all_greedy, is_cpu, is_hip, is_xpu, use_rejection_sampling):
         return is_all_greedy or is_xpu or (is_hip and not use_rejection_sampling)
 
     eagle_utils._verify_uses_greedy = _verify_uses_greedy
+    original_coins = eagle_utils._verify_coins
+
+    def _verify_coins(*, sampling_info, seq_lens, draft_token_num, candidates, device):
+        if torch.device(device).type != "cpu" or sampling_info.sampling_seed is None:
+            return original_coins(sampling_info=sampling_info, seq_lens=seq_lens,
+                                  draft_token_num=draft_token_num, candidates=candidates,
+                                  device=device)
+        # seeded rows: the walk takes each node's seeded coin itself (sglang's seeded coins
+        # come from a Triton hash); these only fill the kernel's arguments
+        return (torch.rand(candidates.shape, dtype=torch.float32),
+                torch.rand(candidates.shape[0], dtype=torch.float32))
+
+    eagle_utils._verify_coins = _verify_coins
     eagle_utils.tree_speculative_sampling_target_only = (
         sampling.tree_speculative_sampling_target_only
     )
@@ -83,14 +103,55 @@ def fast_cpu_sampling(sampler) -> None:
     if sampling.sampling_impl() == "torch":  # RHYME_CPU_SAMPLING=torch: sglang's own draw
         return
     original = sampler.sampling_from_probs_torch
+    original_filtered = sampler.top_k_top_p_min_p_sampling_from_probs_torch
+
+    def coins_of(sampling_seed, positions):
+        return None if sampling_seed is None else sampling.seeded_coins(sampling_seed, positions)
 
     def sampling_from_probs_torch(probs, sampling_seed=None, positions=None):
-        if sampling_seed is not None or probs.device.type != "cpu":
+        if probs.device.type != "cpu":
             return original(probs, sampling_seed=sampling_seed, positions=positions)
-        return sampling.sample_rows(probs).view(-1).to(torch.int32)
+        return sampling.sample_rows(probs, coins_of(sampling_seed, positions)).view(-1).to(torch.int32)
+
+    def top_k_top_p_min_p_sampling_from_probs_torch(
+            probs, top_ks, top_ps, min_ps, need_min_p_sampling, sampling_seed, positions, *,
+            return_filtered_probs=False, max_top_k=None):
+        if probs.device.type != "cpu" or sampling_seed is None or return_filtered_probs:
+            # sglang's own draw; on CPU unseeded (its seeded draw is a torch.compile'd kernel)
+            seed = sampling_seed if probs.device.type != "cpu" else None
+            return original_filtered(probs, top_ks, top_ps, min_ps, need_min_p_sampling, seed,
+                                     positions, return_filtered_probs=return_filtered_probs,
+                                     max_top_k=max_top_k)
+        return sampling.sample_filtered_rows(probs, top_ks, top_ps,
+                                             min_ps if need_min_p_sampling else None,
+                                             coins_of(sampling_seed, positions))
 
     sampler.sampling_from_probs_torch = sampling_from_probs_torch
+    sampler.top_k_top_p_min_p_sampling_from_probs_torch = top_k_top_p_min_p_sampling_from_probs_torch
     APPLIED.add("fast_cpu_sampling")
+
+
+def seeded_cpu_sampling(sampling_batch_info) -> None:
+    """Every CPU batch carries its requests' seeds (``sampling_seed``; a random one for a
+    request without), so plain draws and verify draws take the same coin per position."""
+    import torch
+
+    from rhyme_sglang.cpu_backend import sampling
+
+    if sampling.sampling_impl() == "torch":
+        return
+    cls = sampling_batch_info.SamplingBatchInfo
+    original = cls.from_schedule_batch.__func__
+
+    def from_schedule_batch(klass, batch, vocab_size):
+        info = original(klass, batch, vocab_size)
+        if info.sampling_seed is None and torch.device(batch.device).type == "cpu":
+            info.sampling_seed = torch.tensor([sampling.request_seed(req) for req in batch.reqs],
+                                              dtype=torch.int64)
+        return info
+
+    cls.from_schedule_batch = classmethod(from_schedule_batch)
+    APPLIED.add("seeded_cpu_sampling")
 
 
 def packed_cpu_linear(unquant) -> None:
@@ -272,6 +333,7 @@ _BY_MODULE = {
     "sglang.srt.arg_groups.overrides": keep_intel_amx_attention,
     "sglang.srt.speculative.eagle_utils": lossless_sampling_verify,
     "sglang.srt.layers.sampler": fast_cpu_sampling,
+    "sglang.srt.sampling.sampling_batch_info": seeded_cpu_sampling,
     "sglang.srt.layers.quantization.unquant": packed_cpu_linear,
     "sglang.srt.layers.logits_processor": packed_cpu_lm_head,
     "sglang.srt.model_executor.model_runner_components.weight_updater": repack_after_weight_updates,

@@ -1,15 +1,20 @@
-"""Lossless sampling-mode verification of a speculative token tree, and prob renorms.
+"""Lossless sampling-mode verification of a speculative token tree, seeded draws, prob renorms.
 
 Draft tokens from history are deterministic proposals (their draft distribution is a
-point mass), so the exact rule is: at a tree node with target distribution ``p``, walk
-the children ``x_1, x_2, ...`` in order with one uniform coin ``u`` and accept ``x_i`` when
-``u < p(x_1) + ... + p(x_i)`` - equivalently, accept ``x_1`` with probability ``p(x_1)``,
-otherwise ``x_2`` with probability ``p(x_2) / (1 - p(x_1))``, and so on. When every child
-is rejected, the bonus token is drawn from ``p`` with the rejected tokens zeroed and
-renormalised. Each emitted token is therefore distributed exactly as ``p``.
+point mass), so a verify can draw exactly as plain decoding draws: at a tree node with
+target distribution ``p`` it draws one token from ``p`` with that position's coin and
+accepts the child holding that token; when no child holds it, the drawn token is the
+step's bonus token. Each emitted token is therefore distributed exactly as ``p``, and a
+child ``x`` is accepted with probability ``p(x)``, as rejection sampling of a point-mass
+draft accepts it.
 
-Plain decoding's draw (:func:`sample_rows`, used for sglang's temperature-only sampling on
-CPU) is an exact inverse-CDF draw too, ~10x cheaper than ``torch.multinomial`` here.
+Every draw, plain or in a verify, is one inverse-CDF draw in vocabulary order
+(:func:`sample_rows`; ~10x cheaper on CPU than ``torch.multinomial``), and its coin is a
+function of the request's seed and the token's position (:func:`seeded_coin`). So a
+request decodes the same tokens with or without speculation, whatever the widths, and
+the same seed gives the same tokens on every run (up to the rounding of the verify's and
+the decode's different kernels, which moves a draw only when its coin falls within ~1e-7
+of a boundary of the CDF). A request without a ``sampling_seed`` gets a random one.
 
 ``tree_speculative_sampling_target_only`` has the argument list of sglang's CUDA kernel of
 that name (sglang 0.5.23), so sglang's verify code calls it unchanged.
@@ -17,7 +22,7 @@ that name (sglang 0.5.23), so sglang's verify code calls it unchanged.
 A verify's target rows are filtered exactly as plain decoding filters (sglang's torch sampler:
 top-k, top-p over the unfiltered mass and min-p, one joint rule, :func:`filter_row`), not
 as sglang's verify does (top-k renormalised, then top-p over the renormalised mass, and no
-min-p). :func:`with_verify_filters` hands the batch's filters to the verify.
+min-p). :func:`with_verify_filters` hands the batch's filters and seeds to the verify.
 """
 
 from __future__ import annotations
@@ -46,25 +51,71 @@ def _as_row_values(values, num_rows: int) -> list:
     return [values] * num_rows
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: a 64-bit integer to a well-mixed 64-bit integer."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def seeded_coin(seed: int, position: int) -> float:
+    """The coin in [0, 1) (53 bits) that draws a request's token from the logits at
+    ``position`` (the position of the token fed to the model; the drawn one goes next)."""
+    return (_mix64(_mix64(int(seed) & _MASK64) ^ (int(position) & _MASK64)) >> 11) * 2.0 ** -53
+
+
+def seeded_coins(seeds, positions) -> torch.Tensor:
+    """:func:`seeded_coin` per row (``seeds`` and ``positions`` lists or tensors), float64."""
+    if isinstance(seeds, torch.Tensor):
+        seeds = seeds.view(-1).tolist()
+    if isinstance(positions, torch.Tensor):
+        positions = positions.view(-1).tolist()
+    if len(seeds) != len(positions):
+        raise ValueError(f"seeded_coins: {len(seeds)} seeds for {len(positions)} positions")
+    return torch.tensor([seeded_coin(s, p) for s, p in zip(seeds, positions)], dtype=torch.float64)
+
+
+def request_seed(req) -> int:
+    """The seed of a request's draws: its ``sampling_seed``, or a random one drawn once (from
+    torch's generator, so sglang's ``--random-seed`` fixes it) and kept on the request."""
+    seed = req.sampling_params.sampling_seed
+    if seed is None:
+        seed = getattr(req, "rhyme_seed", None)
+        if seed is None:
+            seed = req.rhyme_seed = int(torch.randint(0, 2**62, (1,)))
+    return int(seed)
+
+
 @dataclass
 class VerifyFilters:
     """One verify's sampling filters, per request (None: that filter is off for the batch),
-    and the tree rows per request (``nodes``)."""
+    the tree rows per request (``nodes``), and the draws' seeds with each request's position
+    of its root node (``starts``; None: the walk takes sglang's coins)."""
 
     top_ks: Optional[list]
     top_ps: Optional[list]
     min_ps: Optional[list]
     nodes: int
     applied: bool = False  # the eager path filtered the dense tensor already
+    seeds: Optional[list] = None
+    starts: Optional[list] = None
 
     @classmethod
-    def of(cls, sampling_info, nodes: int) -> "VerifyFilters":
+    def of(cls, sampling_info, nodes: int, seq_lens=None) -> "VerifyFilters":
         def values(flag, tensor):
             return tensor.view(-1).tolist() if getattr(sampling_info, flag, False) else None
 
+        seeds = getattr(sampling_info, "sampling_seed", None)
+        seeded = seeds is not None and seq_lens is not None
         return cls(values("need_top_k_sampling", sampling_info.top_ks),
                    values("need_top_p_sampling", sampling_info.top_ps),
-                   values("need_min_p_sampling", sampling_info.min_ps), int(nodes))
+                   values("need_min_p_sampling", sampling_info.min_ps), int(nodes),
+                   seeds=seeds.view(-1).tolist() if seeded else None,
+                   starts=seq_lens.view(-1).tolist() if seeded else None)
 
     def row(self, probs: torch.Tensor, r: int) -> torch.Tensor:
         """Row ``r`` of the flat ``[bs * nodes, vocab]`` target, filtered."""
@@ -73,17 +124,25 @@ class VerifyFilters:
                           None if self.top_ps is None else self.top_ps[b],
                           None if self.min_ps is None else self.min_ps[b])
 
+    def coin(self, b: int, depth: int) -> Optional[float]:
+        """Request ``b``'s coin for the node at ``depth`` of its tree, or None (unseeded)."""
+        if self.seeds is None:
+            return None
+        return seeded_coin(self.seeds[b], self.starts[b] + depth)
+
 
 _FILTERS: contextvars.ContextVar = contextvars.ContextVar("rhyme_verify_filters", default=None)
 
 
 def with_verify_filters(eagle_sample):
     """sglang's ``eagle_sample`` (the verify), with the batch's sampling filters handed to the
-    target probabilities it computes (:func:`lazy_verify_softmax`)."""
+    target probabilities it computes (:func:`lazy_verify_softmax`) and its seeds to the tree
+    walk (the root of request ``b`` sits at ``batch.seq_lens[b]``)."""
 
     def sample(verify_input, batch, *args, **kwargs):
         info = getattr(batch, "sampling_info", None)
-        filters = None if info is None else VerifyFilters.of(info, verify_input.draft_token_num)
+        filters = (None if info is None else
+                   VerifyFilters.of(info, verify_input.draft_token_num, getattr(batch, "seq_lens", None)))
         token = _FILTERS.set(filters)
         try:
             return eagle_sample(verify_input, batch, *args, **kwargs)
@@ -286,35 +345,45 @@ def top_p_renorm_prob(probs: torch.Tensor, top_ps) -> torch.Tensor:
     return out / out.sum(-1, keepdim=True)
 
 
-def sample_rows(probs: torch.Tensor) -> torch.Tensor:
+def sample_rows(probs: torch.Tensor, coins: Optional[torch.Tensor] = None) -> torch.Tensor:
     """One token per row of ``probs [B, V]``, drawn exactly: ``[B, 1]`` int64, as
     ``torch.multinomial(probs, 1)`` returns (rows need not be normalised).
 
-    Inverse CDF in float64: one uniform coin per row, scaled by the row's mass and kept
-    strictly below it, then a binary search (``right=True``, so a token of zero mass, whose
-    cumulative sum equals its predecessor's, is never chosen). On CPU ``torch.multinomial``
-    costs ~1.8 ms a row at SmolLM2's 49152-token vocabulary (118 ms at batch 64, 18% of a
-    temperature-1.0 rollout step); this costs ~0.1 ms a row.
+    Inverse CDF in vocabulary order, float64: a coin per row (``coins [B]`` in [0, 1), or
+    fresh random ones), scaled by the row's mass and kept strictly below it, then a binary
+    search (``right=True``, so a token of zero mass, whose cumulative sum equals its
+    predecessor's, is never chosen). On CPU ``torch.multinomial`` costs ~1.8 ms a row at
+    SmolLM2's 49152-token vocabulary (118 ms at batch 64, 18% of a temperature-1.0 rollout
+    step); this costs ~0.1 ms a row.
     """
     if probs.dim() != 2:
         raise ValueError(f"sample_rows: probs must be [batch, vocab], got shape {tuple(probs.shape)}")
     cdf = torch.cumsum(probs, dim=-1, dtype=torch.float64)
     total = cdf[:, -1:]
-    coins = torch.rand(total.shape, dtype=torch.float64, device=probs.device) * total
+    if coins is None:
+        coins = torch.rand(total.shape, dtype=torch.float64, device=probs.device)
+    elif coins.numel() != probs.shape[0]:
+        raise ValueError(f"sample_rows: {coins.numel()} coins for {probs.shape[0]} rows")
+    coins = coins.to(torch.float64).view(-1, 1) * total
     coins = torch.minimum(coins, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, coins, right=True)
 
 
-def sample_residual(dist: torch.Tensor, coin: float) -> int:
-    """Inverse-CDF draw from an unnormalised non-negative vector with ``coin`` in [0, 1)."""
-    cdf = torch.cumsum(dist.double(), dim=0)
-    total = float(cdf[-1])
-    if total <= 0.0:
-        raise ValueError("sample_residual: the distribution has no mass left")
-    idx = int(torch.searchsorted(cdf, torch.tensor([coin * total], dtype=cdf.dtype), right=True))
-    if idx >= dist.numel() or dist[idx] <= 0:
-        idx = int(torch.nonzero(dist > 0)[-1])
-    return idx
+def draw(row: torch.Tensor, coin: float) -> int:
+    """:func:`sample_rows` on one row ``[V]`` with the given coin."""
+    return int(sample_rows(row.view(1, -1), torch.tensor([float(coin)], dtype=torch.float64)))
+
+
+def sample_filtered_rows(probs: torch.Tensor, top_ks, top_ps, min_ps,
+                         coins: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Plain decoding's top-k / top-p / min-p draw (:func:`filter_row` per row, then
+    :func:`sample_rows`): the rows a verify draws from, so a seeded request draws the same
+    token with or without speculation. ``min_ps`` None: no min-p. ``[B]`` int32."""
+    rows = probs.shape[0]
+    ks, ps = _as_row_values(top_ks, rows), _as_row_values(top_ps, rows)
+    mins = [None] * rows if min_ps is None else _as_row_values(min_ps, rows)
+    filtered = torch.stack([filter_row(probs[r], ks[r], ps[r], mins[r]) for r in range(rows)])
+    return sample_rows(filtered, coins).view(-1).to(torch.int32)
 
 
 def tree_speculative_sampling_target_only(
@@ -325,10 +394,15 @@ def tree_speculative_sampling_target_only(
 ) -> None:
     """Verify ``bs`` draft trees against ``target_probs [bs, n, vocab]``, in place.
 
-    Writes ``predicts[flat node]`` (the token emitted after each accepted node),
+    From the root down, each node draws its token (:func:`draw`) with its coin: the seeded
+    coin of its position inside :func:`with_verify_filters` when the batch has seeds, else
+    ``uniform_samples[b, node]``. The child holding the drawn token is accepted and the walk
+    goes on from it; otherwise (or after ``num_spec - 1`` accepted drafts) the drawn token is
+    the bonus. Writes ``predicts[flat node]`` (the token emitted after each accepted node),
     ``accept_index[b, :]`` (flat indices of the root and the accepted nodes) and
     ``accept_token_num[b]`` (accepted draft tokens, bonus excluded). Thresholds other than
-    1.0 make acceptance lossy and are refused.
+    1.0 make acceptance lossy and are refused; ``uniform_samples_for_final_sampling`` is not
+    needed (the bonus is the last node's draw).
     """
     if threshold_single != 1.0 or threshold_acc != 1.0:
         raise ValueError(
@@ -342,34 +416,26 @@ def tree_speculative_sampling_target_only(
     r_next = retrive_next_token.tolist()
     r_sib = retrive_next_sibling.tolist()
     coins = uniform_samples.view(bs, n).tolist()
-    final_coins = uniform_samples_for_final_sampling.view(-1).tolist()
+    rule = _FILTERS.get()
     probs = target_probs.view(bs, n, -1)
     for b in range(bs):
         last = r_index[b][0]
         accept_index[b, 0] = last
-        node, num_accepted, rejected = 0, 0, []
-        for _ in range(1, num_spec):
+        node = depth = 0
+        while True:
+            coin = None if rule is None else rule.coin(b, depth)
+            token = draw(probs[b, node], coins[b][node] if coin is None else coin)
+            if depth + 1 >= num_spec:
+                break
             child = r_next[b][node]
-            row, coin, mass, rejected = probs[b, node], coins[b][node], 0.0, []
-            accepted = False
-            while child != -1:
-                token = cand[b][child]
-                if token not in rejected:
-                    mass += float(row[token])
-                    if coin < mass:
-                        accepted = True
-                        break
-                    rejected.append(token)
+            while child != -1 and cand[b][child] != token:
                 child = r_sib[b][child]
-            if not accepted:
+            if child == -1:
                 break
             predicts[last] = token
-            num_accepted += 1
+            depth += 1
             last = r_index[b][child]
-            accept_index[b, num_accepted] = last
-            node, rejected = child, []
-        residual = probs[b, node].clone()
-        if rejected:
-            residual[torch.tensor(rejected, dtype=torch.long)] = 0.0
-        predicts[last] = sample_residual(residual, final_coins[b])
-        accept_token_num[b] = num_accepted
+            accept_index[b, depth] = last
+            node = child
+        predicts[last] = token
+        accept_token_num[b] = depth

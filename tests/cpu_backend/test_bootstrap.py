@@ -108,7 +108,8 @@ def test_patches_apply_in_a_fresh_process():
         from sglang.srt.models import llama
         from rhyme_sglang.cpu_backend import linear, patches
         assert patches.APPLIED == {"keep_intel_amx_attention", "lossless_sampling_verify",
-                                   "fast_cpu_sampling", "packed_cpu_linear", "packed_cpu_lm_head",
+                                   "fast_cpu_sampling", "seeded_cpu_sampling",
+                                   "packed_cpu_linear", "packed_cpu_lm_head",
                                    "repack_after_weight_updates", "native_cpu_rmsnorm",
                                    "native_cpu_rotary", "native_cpu_silu_mul",
                                    "lean_cpu_forward"}, patches.APPLIED
@@ -125,6 +126,16 @@ def test_patches_apply_in_a_fresh_process():
         probs = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 2.0]])
         assert sampler.sampling_from_probs_torch(probs).tolist() == [1, 2]
         assert sampler.sampling_from_probs_torch(probs).dtype == torch.int32
+        # seeded rows draw with their seeded coins, the filtered draw too
+        from rhyme_sglang.cpu_backend.sampling import sample_rows, seeded_coins
+        flat = torch.softmax(torch.randn(3, 40), -1)
+        seeds, positions = torch.tensor([1, 2, 1]), torch.tensor([5, 5, 6])
+        want = sample_rows(flat, seeded_coins(seeds, positions)).view(-1).tolist()
+        assert sampler.sampling_from_probs_torch(flat, seeds, positions).tolist() == want
+        got = sampler.top_k_top_p_min_p_sampling_from_probs_torch(
+            flat, torch.tensor([40] * 3), torch.tensor([1.0] * 3), torch.zeros(3), False, seeds,
+            positions)
+        assert got.tolist() == want
         assert not eagle_utils._verify_uses_greedy(is_all_greedy=False, is_cpu=True, is_hip=False,
                                                    is_xpu=False, use_rejection_sampling=False)
         print("ok")

@@ -1,4 +1,5 @@
-"""Exact accept/resample probabilities of the lossless tree verification op."""
+"""The lossless tree verification op: exact draws, and the same tokens as plain decoding's
+seeded draws."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import pytest
 import torch
 
 from rhyme_sglang.cpu_backend.sampling import (
-    sample_residual,
+    VerifyFilters,
     sample_rows,
+    seeded_coin,
+    seeded_coins,
     sampling_impl,
     top_k_renorm_prob,
     top_p_renorm_prob,
@@ -35,33 +38,36 @@ P_ROOT = torch.tensor([0.5, 0.2, 0.2, 0.1])
 P_NODE1 = torch.tensor([0.1, 0.1, 0.3, 0.5])
 
 
-def test_chain_accepts_exactly_when_coin_below_p():
+def test_chain_accepts_the_child_holding_the_nodes_draw():
     probs = torch.stack([P_ROOT, P_NODE1])
-    # chain root -> node1 (token 1, p_root(1) = 0.2)
-    acc, pred, idx = _run(probs, [9, 1], [1, -1], [-1, -1], [0.19, 0.0], 0.0, num_spec=2)
+    # chain root -> node1 (token 1); P_ROOT's CDF [.5, .7, .9, 1.0]
+    acc, pred, idx = _run(probs, [9, 1], [1, -1], [-1, -1], [0.6, 0.0], 0.0, num_spec=2)
     assert acc == 1 and pred[0] == 1 and idx == [0, 1]
-    acc, pred, idx = _run(probs, [9, 1], [1, -1], [-1, -1], [0.21, 0.0], 0.0, num_spec=2)
+    acc, pred, idx = _run(probs, [9, 1], [1, -1], [-1, -1], [0.4, 0.0], 0.0, num_spec=2)
     assert acc == 0 and idx == [0, -1]
-    assert pred[0] != 1  # the rejected draft token is never re-emitted
+    assert pred[0] == 0  # the root's draw is the bonus
 
 
-def test_bonus_after_full_acceptance_samples_leaf_distribution():
+def test_bonus_after_full_acceptance_is_the_leafs_draw():
     probs = torch.stack([P_ROOT, P_NODE1])
     # coin 0.95 into P_NODE1's CDF [0.1, 0.2, 0.5, 1.0] -> token 3
-    acc, pred, _ = _run(probs, [9, 1], [1, -1], [-1, -1], [0.0, 0.0], 0.95, num_spec=2)
+    acc, pred, _ = _run(probs, [9, 1], [1, -1], [-1, -1], [0.6, 0.95], 0.0, num_spec=2)
     assert acc == 1 and pred[1] == 3
+    # num_spec 1: no draft may be accepted, the root's draw is emitted
+    acc, pred, _ = _run(probs, [9, 1], [1, -1], [-1, -1], [0.6, 0.95], 0.0, num_spec=1)
+    assert acc == 0 and pred[0] == 1
 
 
-def test_siblings_use_cumulative_coin_and_residual_excludes_rejected():
+def test_siblings_accept_whichever_holds_the_draw():
     probs = torch.stack([P_ROOT, P_NODE1, P_NODE1])
-    # root has children node1 (token 0, p=.5) and node2 (token 2, p=.2)
+    # root has children node1 (token 0) and node2 (token 2)
     tree = dict(candidates=[9, 0, 2], next_token=[1, -1, -1], next_sibling=[-1, 2, -1])
-    acc, pred, idx = _run(probs, coins=[0.6, 0, 0], final_coin=0.0, num_spec=2, **tree)
-    assert acc == 1 and idx[1] == 2 and pred[0] == 2  # 0.5 <= 0.6 < 0.7
-    acc, pred, idx = _run(probs, coins=[0.75, 0, 0], final_coin=0.0, num_spec=2, **tree)
-    assert acc == 0
-    # residual is p_root with tokens 0 and 2 zeroed: {1: .2, 3: .1}; coin 0 -> token 1
-    assert pred[0] == 1
+    acc, pred, idx = _run(probs, coins=[0.8, 0, 0], final_coin=0.0, num_spec=2, **tree)
+    assert acc == 1 and idx[1] == 2 and pred[0] == 2  # 0.7 <= 0.8 < 0.9
+    acc, pred, idx = _run(probs, coins=[0.3, 0, 0], final_coin=0.0, num_spec=2, **tree)
+    assert acc == 1 and idx[1] == 1 and pred[0] == 0
+    acc, pred, idx = _run(probs, coins=[0.95, 0, 0], final_coin=0.0, num_spec=2, **tree)
+    assert acc == 0 and pred[0] == 3  # no child holds token 3: it is the bonus
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -102,12 +108,66 @@ def test_renorms_match_sglang_torch_sampler_sets():
     assert torch.allclose(top_p_renorm_prob(probs, 1.0), probs)
 
 
-def test_sample_residual_never_picks_zero_mass():
-    dist = torch.tensor([0.0, 0.3, 0.0, 0.7])
-    picks = {sample_residual(dist, c / 100) for c in range(100)}
-    assert picks == {1, 3}
-    with pytest.raises(ValueError):
-        sample_residual(torch.zeros(3), 0.5)
+def test_seeded_coins_are_fixed_uniform_and_differ_by_seed_and_position():
+    assert seeded_coin(7, 11) == seeded_coin(7, 11)
+    assert seeded_coin(-3, 0) == seeded_coin(-3 + (1 << 64), 0)  # seeds are 64-bit
+    coins = seeded_coins(list(range(200)) * 100, [p for p in range(100) for _ in range(200)])
+    assert coins.dtype == torch.float64 and coins.numel() == 20000
+    assert bool((coins >= 0).all()) and bool((coins < 1).all())
+    assert coins.unique().numel() == 20000
+    # uniform: each of 20 bins holds 1000 +- 5 sigma (sigma ~ 30.8)
+    counts = torch.histc(coins.float(), bins=20, min=0.0, max=1.0)
+    assert bool(((counts - 1000).abs() < 155).all()), counts
+    # neighbouring positions of one seed are uncorrelated
+    a = seeded_coins([5] * 5000, list(range(5000)))
+    assert abs(float(torch.corrcoef(torch.stack([a[:-1], a[1:]]))[0, 1])) < 0.06
+    with pytest.raises(ValueError, match="2 seeds for 1 positions"):
+        seeded_coins([1, 2], [3])
+
+
+def _seeded_walk(probs, candidates, next_token, seeds, starts, num_spec):
+    """The walk of a batch of chains [bs, n] with seeded coins (as inside the verify)."""
+    from rhyme_sglang.cpu_backend import sampling
+
+    bs, n = candidates.shape
+    predicts = torch.full((bs * n,), -1, dtype=torch.int32)
+    accept_index = torch.full((bs, num_spec), -1, dtype=torch.int32)
+    accept_num = torch.zeros(bs, dtype=torch.int32)
+    rule = VerifyFilters(None, None, None, n, seeds=seeds, starts=starts)
+    token = sampling._FILTERS.set(rule)
+    try:
+        tree_speculative_sampling_target_only(
+            predicts, accept_index, accept_num, candidates, torch.arange(bs * n).view(bs, n),
+            next_token, torch.full((bs, n), -1), torch.zeros(bs, n), torch.zeros(bs), probs)
+    finally:
+        sampling._FILTERS.reset(token)
+    emitted = []
+    for b in range(bs):
+        path = [i for i in accept_index[b].tolist() if i >= 0]
+        emitted.append([int(predicts[i]) for i in path])
+    return emitted, accept_num.tolist()
+
+
+def test_a_seeded_verify_emits_plain_decodings_seeded_draws():
+    """Whatever the drafts, a seeded verify emits the tokens plain decoding draws with the
+    same seeds at the same positions (sample_rows with seeded_coin), up to the first draft
+    that differs from them, and then that position's plain draw."""
+    gen = torch.Generator().manual_seed(3)
+    bs, n, vocab = 4, 5, 50
+    probs = torch.softmax(torch.randn(bs, n, vocab, generator=gen) * 1.5, -1)
+    seeds, starts = [11, -4, 11, 2**62], [7, 30, 8, 0]
+    plain = [[int(sample_rows(probs[b, d][None], seeded_coins([seeds[b]], [starts[b] + d])))
+              for d in range(n)] for b in range(bs)]
+    chain = torch.tensor([[1, 2, 3, 4, -1]] * bs)
+    # drafts equal to the plain draws: every draft accepted, the bonus is the leaf's draw
+    drafts = torch.tensor([[0] + plain[b][: n - 1] for b in range(bs)])
+    emitted, accepted = _seeded_walk(probs, drafts, chain, seeds, starts, num_spec=n)
+    assert accepted == [n - 1] * bs and emitted == plain
+    # a wrong draft at depth 2: two accepted, then the plain draw of that position
+    wrong = drafts.clone()
+    wrong[:, 3] = (wrong[:, 3] + 1) % vocab
+    emitted, accepted = _seeded_walk(probs, wrong, chain, seeds, starts, num_spec=n)
+    assert accepted == [2] * bs and emitted == [p[:3] for p in plain]
 
 
 def test_sample_rows_draws_each_row_from_its_own_distribution():

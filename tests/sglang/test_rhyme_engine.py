@@ -150,6 +150,37 @@ def test_every_verify_width_and_switch_is_lossless(tiny, baseline, tiny_model_pa
     assert all(e[1] in kinds | {"prefill"} for e in breakdown["timeline"])
 
 
+def test_seeded_sampling_gives_plain_decodings_tokens_at_every_width(tiny):
+    """With a ``sampling_seed`` a request draws each token with its position's seeded coin,
+    plain or in a verify of any width (the cycle: every switch), so RHYME samples the very
+    tokens plain decoding samples, with filters too; the history of a seeded round then
+    drafts the next one's tokens exactly. Plain decoding on the overlap scheduler (vanilla's
+    default) draws the same, seeds differ between requests, and unseeded ones stay random."""
+    filters = {"top_k": 20, "top_p": 0.5, "min_p": 0.08}
+    prompts = PROMPTS * 2
+    params = [{"temperature": 1.0, "max_new_tokens": 40, "ignore_eos": True,
+               "sampling_seed": 1000 + i, **(filters if i % 2 else {})}
+              for i in range(len(prompts))]
+    reference = [o["output_ids"] for o in tiny("tiny", **SYNC_PLAIN).generate(
+        input_ids=prompts, sampling_params=params)]
+    overlap = [o["output_ids"] for o in tiny("tiny").generate(input_ids=prompts,
+                                                              sampling_params=params)]
+    assert overlap == reference
+    assert reference[0] != reference[3]  # same prompt, another seed
+    engine = tiny("tiny-rhyme-cycle", enable_custom_logit_processor=True)
+    engine.rhyme_breakdown(reset=True)
+    for round_ in range(3):
+        out = engine.generate(input_ids=prompts, sampling_params=params)
+        assert [o["output_ids"] for o in out] == reference, f"round {round_}"
+        engine.rhyme_advance_epoch()
+    assert sum(o["meta_info"]["spec_num_correct_drafts"] for o in out) > 5 * len(prompts)
+    kinds = {k for k, v in engine.rhyme_breakdown()["decode"].items() if v["steps"] > 0}
+    assert {"plain"} | {f"verify_w{w}" for w in (1, 2, 4, 8, 16)} <= kinds
+    unseeded = engine.generate(input_ids=[PROMPTS[0]] * 2, sampling_params={
+        "temperature": 1.0, "max_new_tokens": 40, "ignore_eos": True})
+    assert unseeded[0]["output_ids"] != unseeded[1]["output_ids"]
+
+
 def test_penalised_requests_keep_plain_decodings_tokens(tiny):
     """Frequency, presence and repetition penalties and ``min_new_tokens`` depend on the tokens
     above each tree node, which sglang's verify does not see (it gives every node the penalties

@@ -46,6 +46,7 @@ BAD = {
     "negative_token_id": ({"input_ids": [[1, -5]], "sampling_params": {"max_new_tokens": 2}}, None),
     "input_ids_wrong_type": ({"input_ids": "abc"}, None),
     "top_p_out_of_range": ({"text": "hi", "sampling_params": {"top_p": 1.5}}, None),
+    "string_sampling_seed": ({"input_ids": [1, 2], "sampling_params": {"sampling_seed": "x"}}, None),
     "int_rhyme_prompt_id": ({"input_ids": [1, 2], "sampling_params": {
         "max_new_tokens": 2, "custom_params": {"rhyme_prompt_id": 5}}}, None),
     "negative_rhyme_sample": ({"input_ids": [1, 2], "sampling_params": {
@@ -73,6 +74,30 @@ def test_malformed_request_gets_4xx_and_server_survives(server, case):
     assert "message" in json.dumps(payload)
     status, body = post(server.url + "/generate", GOOD)
     assert status == 200 and len(body["output_ids"]) == 4
+
+
+def test_seeded_requests_repeat_their_tokens(server):
+    """A seed fixes a sampled answer, drafted or not (the later rounds draft from the first):
+    the native ``sampling_seed`` and the OpenAI API's ``seed`` alike."""
+    def generate(seed):
+        status, body = post(server.url + "/generate", {"input_ids": [5, 6, 7], "sampling_params": {
+            "temperature": 1.0, "max_new_tokens": 24, "ignore_eos": True, "sampling_seed": seed}})
+        assert status == 200, body
+        return body["output_ids"]
+
+    first = generate(7)
+    assert generate(7) == first and generate(7) == first
+    assert generate(8) != first
+    status, models = get(server.url + "/v1/models")
+    assert status == 200, models
+    request = {"model": models["data"][0]["id"], "prompt": [5, 6, 7], "max_tokens": 24,
+               "temperature": 1.0, "ignore_eos": True, "seed": 11}
+    texts = []
+    for _ in range(2):
+        status, body = post(server.url + "/v1/completions", request)
+        assert status == 200, body
+        texts.append(body["choices"][0]["text"])
+    assert texts[0] == texts[1]
 
 
 def test_rhyme_round_trip(server):
