@@ -13,7 +13,7 @@ Every draw, plain or in a verify, is one inverse-CDF draw in vocabulary order
 function of the request's seed and the token's position (:func:`seeded_coin`). So a
 request decodes the same tokens with or without speculation, whatever the widths, and
 the same seed gives the same tokens on every run (up to the rounding of the verify's and
-the decode's different kernels, which moves a draw only when its coin falls within ~1e-7
+the decode's different kernels, which moves a draw only when its coin falls within ~1e-6
 of a boundary of the CDF). A request without a ``sampling_seed`` gets a random one.
 
 ``tree_speculative_sampling_target_only`` has the argument list of sglang's CUDA kernel of
