@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from rl_driver.balance import utilisation
+from rl_driver.tasks import sampling_seed
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +72,18 @@ class RolloutResult:
     busy: Dict[int, List[Tuple[float, float]]]
 
 
+def job_params(sampling_params: Dict[str, Any], prompt_id: str, sample: int,
+               **extra) -> Dict[str, Any]:
+    """One request's sampling parameters. A ``sampling_seed`` among them is a base seed: each
+    (prompt, sample) draws with its own seed derived from it (samples of a group must differ),
+    the same on every engine a migrated request continues on, so with seeds a migration does
+    not change a token."""
+    params = dict(sampling_params, **extra)
+    if params.get("sampling_seed") is not None:
+        params["sampling_seed"] = sampling_seed(params["sampling_seed"], 0, prompt_id, sample)
+    return params
+
+
 class Dispatcher:
     """Runs jobs on ``pool.actors``; ``restart(i)`` is called when actor ``i`` dies."""
 
@@ -94,7 +107,8 @@ class Dispatcher:
         job.engine = engine
         job.attempts += 1
         job.engines.append(engine)
-        params = dict(self.config.sampling_params, max_new_tokens=job.remaining)
+        params = job_params(self.config.sampling_params, job.prompt_id, job.sample,
+                            max_new_tokens=job.remaining)
         request = {"rid": f"{self.tag}{job.key}#{job.attempts}", "prompt_id": job.prompt_id,
                    "sample": job.sample, "input_ids": job.prompt_ids + job.response_ids,
                    "sampling_params": params}

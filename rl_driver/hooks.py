@@ -58,7 +58,7 @@ from __future__ import annotations
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from rl_driver.dispatch import DispatchConfig, Dispatcher, Job
+from rl_driver.dispatch import DispatchConfig, Dispatcher, Job, job_params
 from rl_driver.rollout import RolloutActor
 
 
@@ -111,7 +111,8 @@ class OpenRLHFRolloutActor(RolloutActor):
         group = _prompt_group_id(prompt)
         outs = await asyncio.gather(*[self.generate_one({
             "rid": f"{group}/{time.monotonic_ns()}/{i}", "prompt_id": group, "sample": i,
-            "input_ids": ids, "sampling_params": params}) for i in range(num_samples)])
+            "input_ids": ids, "sampling_params": job_params(params, group, i)})
+            for i in range(num_samples)])
         want_logprobs = getattr(sampling_params, "logprobs", None) is not None
         return [{
             "prompt": prompt, "label": label, "images": None, "mm_train_inputs": None,

@@ -12,16 +12,16 @@ Applied by :mod:`.bootstrap` right after the target module executes, only while 
   we route sampled requests through our lossless tree verification, whose target
   probabilities are computed only for the tree rows the walk reads and filtered as plain
   decoding filters them (sglang's verify renormalises top-k before top-p and drops min-p).
-* ``fast_cpu_sampling`` (``sglang.srt.layers.sampler``): plain sampling draws with
-  :func:`.sampling.sample_rows` (inverse CDF in vocabulary order) instead of
-  ``torch.multinomial``, which costs ~1.8 ms a row on CPU at a 49k-token vocabulary, with
-  each row's seeded coin; top-k / top-p / min-p rows are filtered as a verify filters them
+* ``fast_cpu_sampling`` (``sglang.srt.layers.sampler``): plain sampling draws each row with
+  its seed (:func:`.sampling.seeded_sample_rows`; unseeded, :func:`.sampling.sample_rows`)
+  instead of ``torch.multinomial``, which costs ~1.8 ms a row on CPU at a 49k-token
+  vocabulary; top-k / top-p / min-p rows are filtered as a verify filters them
   (:func:`.sampling.filter_row`). Same distribution; ``RHYME_CPU_SAMPLING=torch`` keeps
   sglang's own draw (and ignores seeds, as sglang does without deterministic inference).
 * ``seeded_cpu_sampling`` (``sglang.srt.sampling.sampling_batch_info``): every CPU batch
   carries its requests' seeds (``sampling_seed``, or a random one per request), so a plain
-  step and a verify draw a position's token with the same coin; the verify then takes the
-  seeded coins itself (``lossless_sampling_verify`` replaces sglang's Triton-hashed ones).
+  step and a verify draw a position's token alike; the verify's walk draws seeded rows itself
+  (``lossless_sampling_verify`` replaces sglang's Triton-hashed coins with plain ones).
 * ``packed_cpu_linear`` (``sglang.srt.layers.quantization.unquant``) and
   ``packed_cpu_lm_head`` (``sglang.srt.layers.logits_processor``): CPU linears and the
   lm_head run through :mod:`.linear` (oneDNN with packed weights at the row counts where this
@@ -85,8 +85,7 @@ def lossless_sampling_verify(eagle_utils) -> None:
     eagle_utils.tree_speculative_sampling_target_only = (
         sampling.tree_speculative_sampling_target_only
     )
-    eagle_utils.top_k_renorm_prob = sampling.top_k_renorm_prob
-    eagle_utils.top_p_renorm_prob = sampling.top_p_renorm_prob
+    eagle_utils.top_k_renorm_prob = eagle_utils.top_p_renorm_prob = sampling.verify_renorm
     # the target probabilities of only the tree rows the walk reads (sampling.VerifyProbs)
     eagle_utils.sampling_softmax = sampling.lazy_verify_softmax(eagle_utils.sampling_softmax)
     # the verify filters its target rows as plain decoding does (top-k, top-p, min-p jointly);
@@ -105,13 +104,12 @@ def fast_cpu_sampling(sampler) -> None:
     original = sampler.sampling_from_probs_torch
     original_filtered = sampler.top_k_top_p_min_p_sampling_from_probs_torch
 
-    def coins_of(sampling_seed, positions):
-        return None if sampling_seed is None else sampling.seeded_coins(sampling_seed, positions)
-
     def sampling_from_probs_torch(probs, sampling_seed=None, positions=None):
         if probs.device.type != "cpu":
             return original(probs, sampling_seed=sampling_seed, positions=positions)
-        return sampling.sample_rows(probs, coins_of(sampling_seed, positions)).view(-1).to(torch.int32)
+        out = (sampling.sample_rows(probs) if sampling_seed is None
+               else sampling.seeded_sample_rows(probs, sampling_seed, positions))
+        return out.view(-1).to(torch.int32)
 
     def top_k_top_p_min_p_sampling_from_probs_torch(
             probs, top_ks, top_ps, min_ps, need_min_p_sampling, sampling_seed, positions, *,
@@ -124,7 +122,7 @@ def fast_cpu_sampling(sampler) -> None:
                                      max_top_k=max_top_k)
         return sampling.sample_filtered_rows(probs, top_ks, top_ps,
                                              min_ps if need_min_p_sampling else None,
-                                             coins_of(sampling_seed, positions))
+                                             sampling_seed, positions)
 
     sampler.sampling_from_probs_torch = sampling_from_probs_torch
     sampler.top_k_top_p_min_p_sampling_from_probs_torch = top_k_top_p_min_p_sampling_from_probs_torch

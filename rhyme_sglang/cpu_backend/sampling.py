@@ -1,20 +1,20 @@
-"""Lossless sampling-mode verification of a speculative token tree, seeded draws, prob renorms.
+"""Lossless sampling-mode verification of a speculative token tree, and seeded draws.
 
 Draft tokens from history are deterministic proposals (their draft distribution is a
 point mass), so a verify can draw exactly as plain decoding draws: at a tree node with
-target distribution ``p`` it draws one token from ``p`` with that position's coin and
-accepts the child holding that token; when no child holds it, the drawn token is the
-step's bonus token. Each emitted token is therefore distributed exactly as ``p``, and a
-child ``x`` is accepted with probability ``p(x)``, as rejection sampling of a point-mass
-draft accepts it.
+target distribution ``p`` it draws one token from ``p`` and accepts the child holding that
+token; when no child holds it, the drawn token is the step's bonus token. Each emitted token
+is therefore distributed exactly as ``p``, and a child ``x`` is accepted with probability
+``p(x)``, as rejection sampling of a point-mass draft accepts it.
 
-Every draw, plain or in a verify, is one inverse-CDF draw in vocabulary order
-(:func:`sample_rows`; ~10x cheaper on CPU than ``torch.multinomial``), and its coin is a
-function of the request's seed and the token's position (:func:`seeded_coin`). So a
-request decodes the same tokens with or without speculation, whatever the widths, and
-the same seed gives the same tokens on every run (up to the rounding of the verify's and
-the decode's different kernels, which moves a draw only when its coin falls within ~1e-6
-of a boundary of the CDF). A request without a ``sampling_seed`` gets a random one.
+Every request has a seed (its ``sampling_seed``, or a random one), and every draw of it, plain
+or in a verify, is determined by the seed, the position and the probabilities
+(:func:`seeded_sample_rows`, an exponential race whose random numbers hash the seed, the
+position and the token). So a request decodes the same tokens with or without speculation,
+whatever the widths, and the same seed gives the same tokens on every run, up to the rounding
+of the verify's and the decode's different kernels, which moves a draw only at a near-tie of
+two tokens' races. Unseeded draws (the walk outside a seeded batch) are inverse-CDF draws
+(:func:`sample_rows`; ~10x cheaper on CPU than ``torch.multinomial``).
 
 ``tree_speculative_sampling_target_only`` has the argument list of sglang's CUDA kernel of
 that name (sglang 0.5.23), so sglang's verify code calls it unchanged.
@@ -28,6 +28,8 @@ min-p). :func:`with_verify_filters` hands the batch's filters and seeds to the v
 from __future__ import annotations
 
 import contextvars
+import hashlib
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -62,31 +64,103 @@ def _mix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def seeded_coin(seed: int, position: int) -> float:
-    """The coin in [0, 1) (53 bits) that draws a request's token from the logits at
-    ``position`` (the position of the token fed to the model; the drawn one goes next)."""
-    return (_mix64(_mix64(int(seed) & _MASK64) ^ (int(position) & _MASK64)) >> 11) * 2.0 ** -53
+def draw_key(seed: int, position: int) -> int:
+    """The 64-bit key of a request's draw from the logits at ``position`` (the position of the
+    token fed to the model; the drawn one goes next): every random number of that draw is a
+    hash of it (:func:`seeded_sample_rows`)."""
+    return _mix64(_mix64(int(seed) & _MASK64) ^ (int(position) & _MASK64))
 
 
-def seeded_coins(seeds, positions) -> torch.Tensor:
-    """:func:`seeded_coin` per row (``seeds`` and ``positions`` lists or tensors), float64."""
+HEAD_SHARE = 2.0 ** -12  # a token of a row's head has at least this share of the row's mass
+_M32 = 0xFFFFFFFF
+_GOLDEN32 = 0x9E3779B9
+_TAIL_STREAM, _TAIL_PICK_STREAM = 0xD1B54A32D192ED03, 0x2545F4914F6CDD1D
+
+
+def _fmix32(x: torch.Tensor) -> torch.Tensor:
+    """murmur3's 32-bit finaliser on int64 tensors holding 32-bit values (products wrap mod
+    2^64, and the mask keeps their low 32 bits exact)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x85EBCA6B) & _M32
+    x = x ^ (x >> 13)
+    x = (x * 0xC2B2AE35) & _M32
+    return x ^ (x >> 16)
+
+
+def _token_exponentials(keys: list, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    """One Exp(1) variable per (row, token), a hash of the row's key and the token id (float64)."""
+    lo = torch.tensor([k & _M32 for k in keys], dtype=torch.int64)[rows]
+    hi = torch.tensor([k >> 32 for k in keys], dtype=torch.int64)[rows]
+    h = _fmix32(lo ^ _fmix32((cols * _GOLDEN32 + hi) & _M32))
+    return -torch.log((h.double() + 0.5) * 2.0 ** -32)
+
+
+def _key_exponential(key: int) -> float:
+    return -math.log(((_mix64(key) >> 11) + 0.5) * 2.0 ** -53)
+
+
+def seeded_sample_rows(probs: torch.Tensor, seeds, positions) -> torch.Tensor:
+    """One token per row of ``probs [B, V]`` (rows need not be normalised), drawn exactly and
+    determined by the row's :func:`draw_key`: ``[B, 1]`` int64.
+
+    An exponential race: token ``t`` gets ``E_t / p_t`` with ``E_t ~ Exp(1)`` hashed from the key
+    and ``t``, and the smallest wins (with probability ``p_t / sum(p)``; Gumbel-max in other
+    words). Only the row's head (tokens with at least :data:`HEAD_SHARE` of its mass, a few
+    dozen at temperature 1.0) races token by token; the rest runs as one block of mass ``T``
+    with its own ``E / T`` (the minimum of the tail's races is distributed so, independently of
+    which tail token attains it), and only when the block wins is the tail's own race run.
+
+    A draw then depends on the probabilities only through comparisons of ratios, so the
+    rounding of different kernels (a verify's rows against a decode's) moves a draw only at a
+    near-tie, unlike an inverse CDF in vocabulary order, where ~49k cumulative boundaries
+    carry that rounding (measured on SmolLM2's rows with the logits perturbed by 1e-6
+    relative: 3.6e-3 of inverse-CDF draws moved).
+    """
+    if probs.dim() != 2:
+        raise ValueError(f"seeded_sample_rows: probs must be [batch, vocab], got shape {tuple(probs.shape)}")
     if isinstance(seeds, torch.Tensor):
         seeds = seeds.view(-1).tolist()
     if isinstance(positions, torch.Tensor):
         positions = positions.view(-1).tolist()
-    if len(seeds) != len(positions):
-        raise ValueError(f"seeded_coins: {len(seeds)} seeds for {len(positions)} positions")
-    return torch.tensor([seeded_coin(s, p) for s, p in zip(seeds, positions)], dtype=torch.float64)
+    num_rows = probs.shape[0]
+    if not len(seeds) == len(positions) == num_rows:
+        raise ValueError(f"seeded_sample_rows: {len(seeds)} seeds and {len(positions)} positions "
+                         f"for {num_rows} rows")
+    keys = [draw_key(s, p) for s, p in zip(seeds, positions)]
+    total = probs.sum(-1)
+    floor = (total * HEAD_SHARE).unsqueeze(-1)
+    rows, cols = (probs >= floor).nonzero(as_tuple=True)
+    head_p = probs[rows, cols].double()
+    ratio = _token_exponentials(keys, rows, cols) / head_p
+    best = torch.full((num_rows,), math.inf, dtype=torch.float64)
+    best = best.scatter_reduce(0, rows, ratio, "amin")
+    choice = torch.full((num_rows,), -1, dtype=torch.int64)
+    won = ratio == best[rows]
+    choice[rows[won]] = cols[won]
+    head_mass = torch.zeros(num_rows, dtype=torch.float64).index_add_(0, rows, head_p)
+    tail = (total.double() - head_mass).tolist()
+    best = best.tolist()
+    for r in range(num_rows):
+        if tail[r] > 0 and _key_exponential(keys[r] ^ _TAIL_STREAM) / tail[r] < best[r]:
+            row = probs[r]
+            rest = ((row > 0) & (row < floor[r])).nonzero().view(-1)
+            if rest.numel():
+                e = _token_exponentials([keys[r] ^ _TAIL_PICK_STREAM], torch.zeros_like(rest), rest)
+                choice[r] = rest[torch.argmin(e / row[rest].double())]
+    return choice.view(-1, 1)
 
 
 def request_seed(req) -> int:
-    """The seed of a request's draws: its ``sampling_seed``, or a random one drawn once (from
-    torch's generator, so sglang's ``--random-seed`` fixes it) and kept on the request."""
+    """The seed of a request's draws: its ``sampling_seed``, or one drawn once and kept on the
+    request: a draw of torch's generator (sglang's ``--random-seed`` fixes it) mixed with the
+    request id, so engines started with the same ``--random-seed`` still draw apart."""
     seed = req.sampling_params.sampling_seed
     if seed is None:
         seed = getattr(req, "rhyme_seed", None)
         if seed is None:
-            seed = req.rhyme_seed = int(torch.randint(0, 2**62, (1,)))
+            rid = hashlib.blake2b(str(getattr(req, "rid", "")).encode(), digest_size=8).digest()
+            draw = int(torch.randint(0, 2**62, (1,))) ^ int.from_bytes(rid, "little")
+            seed = req.rhyme_seed = _mix64(draw) >> 1  # an int64
     return int(seed)
 
 
@@ -124,11 +198,10 @@ class VerifyFilters:
                           None if self.top_ps is None else self.top_ps[b],
                           None if self.min_ps is None else self.min_ps[b])
 
-    def coin(self, b: int, depth: int) -> Optional[float]:
-        """Request ``b``'s coin for the node at ``depth`` of its tree, or None (unseeded)."""
-        if self.seeds is None:
-            return None
-        return seeded_coin(self.seeds[b], self.starts[b] + depth)
+    def seeded(self) -> bool:
+        return self.seeds is not None
+
+
 
 
 _FILTERS: contextvars.ContextVar = contextvars.ContextVar("rhyme_verify_filters", default=None)
@@ -140,9 +213,8 @@ def with_verify_filters(eagle_sample):
     walk (the root of request ``b`` sits at ``batch.seq_lens[b]``)."""
 
     def sample(verify_input, batch, *args, **kwargs):
-        info = getattr(batch, "sampling_info", None)
-        filters = (None if info is None else
-                   VerifyFilters.of(info, verify_input.draft_token_num, getattr(batch, "seq_lens", None)))
+        filters = VerifyFilters.of(batch.sampling_info, verify_input.draft_token_num,
+                                   getattr(batch, "seq_lens", None))
         token = _FILTERS.set(filters)
         try:
             return eagle_sample(verify_input, batch, *args, **kwargs)
@@ -198,18 +270,16 @@ class VerifyProbs:
     nodes it accepts, so at batch 50 and 17 nodes a request that is ~200 MB a tensor for a
     handful of rows used (stop 29 measured such verify steps at 0.9-1.3 s against 0.2 s for a
     plain step). A row here is the same computation on that row alone: ``softmax(logits /
-    temperature)``, then :func:`top_k_renorm_prob` and :func:`top_p_renorm_prob` with the
-    row's own k and p, so every emitted token keeps its exact distribution.
-    ``torch.zeros_like`` of it gives None (the draft probabilities of deterministic drafts).
+    temperature)``, then the request's filters (:meth:`VerifyFilters.row`), so every emitted
+    token keeps its exact distribution. ``torch.zeros_like`` of it gives None (the draft
+    probabilities of deterministic drafts).
     """
 
-    def __init__(self, logits: torch.Tensor, temperatures, softmax,
-                 filters: Optional[VerifyFilters] = None):
+    def __init__(self, logits: torch.Tensor, temperatures, softmax, filters: VerifyFilters):
         self.logits, self.softmax, self.filters = logits, softmax, filters
         rows = logits.shape[0]
         self.temperatures = (None if temperatures is None
                              else temperatures.reshape(-1, 1).expand(rows, 1))
-        self.top_ks = self.top_ps = None
         self.nodes = None  # n after view(bs, n, -1)
         self._rows: dict = {}
 
@@ -217,16 +287,6 @@ class VerifyProbs:
     def shape(self):
         rows, vocab = self.logits.shape
         return (rows, vocab) if self.nodes is None else (rows // self.nodes, self.nodes, vocab)
-
-    def with_top_k(self, top_ks) -> "VerifyProbs":
-        if self.filters is None:  # with filters, the joint rule applies them (row)
-            self.top_ks = _as_row_values(top_ks, self.logits.shape[0])
-        return self
-
-    def with_top_p(self, top_ps) -> "VerifyProbs":
-        if self.filters is None:
-            self.top_ps = _as_row_values(top_ps, self.logits.shape[0])
-        return self
 
     def view(self, *shape) -> "VerifyProbs":
         shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
@@ -246,13 +306,7 @@ class VerifyProbs:
         if out is None:
             temps = None if self.temperatures is None else self.temperatures[r : r + 1]
             out = self.softmax(self.logits[r : r + 1], temperatures=temps)
-            if self.filters is not None:
-                out = self.filters.row(out[0], r)[None]
-            if self.top_ks is not None:
-                out = top_k_renorm_prob(out, self.top_ks[r])
-            if self.top_ps is not None:
-                out = top_p_renorm_prob(out, self.top_ps[r])
-            out = self._rows[r] = out[0]
+            out = self._rows[r] = self.filters.row(out[0], r)
         return out
 
     def __getitem__(self, index):
@@ -269,80 +323,43 @@ class VerifyProbs:
         raise TypeError(f"VerifyProbs supports row reads only, not {getattr(func, '__name__', func)}")
 
 
+def _verify_filters(what: str) -> VerifyFilters:
+    filters = _FILTERS.get()
+    if filters is None:
+        raise RuntimeError(f"{what} runs inside a verify only (sampling.with_verify_filters)")
+    return filters
+
+
 def lazy_verify_softmax(softmax):
-    """sglang's verify softmax (``eagle_utils.sampling_softmax``), returning
-    :class:`VerifyProbs` (rows computed when read) unless sglang's NaN probes are on (they
-    read the whole tensor) or ``RHYME_CPU_SAMPLING=torch``. Inside :func:`with_verify_filters`
-    the rows are filtered as plain decoding filters, and sglang's renorm calls after it keep
-    them as they are."""
+    """sglang's verify softmax (``eagle_utils.sampling_softmax``), inside
+    :func:`with_verify_filters`: :class:`VerifyProbs` (rows computed, and filtered as plain
+    decoding filters, when read), or the dense filtered tensor when sglang's NaN probes are on
+    (they read the whole tensor) or ``RHYME_CPU_SAMPLING=torch``."""
 
     def verify_softmax(logits, temperatures=None):
         from sglang.srt.environ import envs
 
-        filters = _FILTERS.get()
+        filters = _verify_filters("the verify softmax")
         if (sampling_impl() == "torch" or envs.SGLANG_ENABLE_NAN_LOGITS_CHECK.get()
                 or envs.SGLANG_ENABLE_ASYNC_ASSERT.get()):
             probs = softmax(logits, temperatures=temperatures)
-            if filters is not None:
-                probs = torch.stack([filters.row(probs[r], r) for r in range(probs.shape[0])])
-                filters.applied = True
+            probs = torch.stack([filters.row(probs[r], r) for r in range(probs.shape[0])])
+            filters.applied = True
             return probs
         return VerifyProbs(logits, temperatures, softmax, filters)
 
     return verify_softmax
 
 
-def _filtered_already() -> bool:
-    filters = _FILTERS.get()
-    return filters is not None and filters.applied
-
-
-def top_k_renorm_prob(probs: torch.Tensor, top_ks) -> torch.Tensor:
-    """Keep each row's ``k`` most probable tokens (rank < k) and renormalise."""
-    if isinstance(probs, VerifyProbs):
-        return probs.with_top_k(top_ks)
-    if _filtered_already():
-        return probs
-    ks = _as_row_values(top_ks, probs.shape[0])
-    out = probs.clone()
-    vocab = probs.shape[-1]
-    for row, k in enumerate(ks):
-        k = int(k)
-        if 0 < k < vocab:
-            kth = torch.topk(probs[row], k, sorted=True).indices
-            keep = torch.zeros(vocab, dtype=torch.bool)
-            keep[kth] = True
-            out[row].masked_fill_(~keep, 0.0)
-    return out / out.sum(-1, keepdim=True)
-
-
-def top_p_renorm_prob(probs: torch.Tensor, top_ps) -> torch.Tensor:
-    """Keep the smallest head of each row whose exclusive cumulative mass is <= p.
-
-    Matches sglang's torch sampler: a token is dropped when the mass strictly before it
-    in descending order exceeds ``top_p``. Rows are sorted only as far as needed: the head
-    of the ``k`` most probable tokens decides a row once its total mass exceeds ``p`` (every
-    later token then has more than ``p`` before it); ``k`` grows 4x for the undecided rows.
-    Rows with ``p >= 1`` keep every token.
-    """
-    if isinstance(probs, VerifyProbs):
-        return probs.with_top_p(top_ps)
-    if _filtered_already():
-        return probs
-    num_rows, vocab = probs.shape
-    ps = torch.tensor(_as_row_values(top_ps, num_rows), dtype=probs.dtype)
-    keep = (ps >= 1.0).view(-1, 1).repeat(1, vocab)
-    pending, k = (ps < 1.0).nonzero().view(-1), min(vocab, 128)
-    while pending.numel():
-        head, order = torch.topk(probs[pending], k, dim=-1, sorted=True)
-        cum = torch.cumsum(head, dim=-1)
-        done = (cum[:, -1] > ps[pending]) | (k == vocab)
-        rows = pending[done]
-        kept = (cum - head)[done] <= ps[rows].view(-1, 1)
-        keep[rows] = keep[rows].scatter_(1, order[done], kept)
-        pending, k = pending[~done], min(vocab, 4 * k)
-    out = probs.masked_fill(~keep, 0.0)
-    return out / out.sum(-1, keepdim=True)
+def verify_renorm(probs, values):
+    """sglang's top-k and top-p renorms of a verify's target rows (``eagle_utils``'s
+    ``top_k_renorm_prob`` and ``top_p_renorm_prob``): the rows are filtered already, by plain
+    decoding's joint rule (:class:`VerifyProbs` when a row is read, the dense tensor at
+    once), so they stay as they are."""
+    filters = _verify_filters("a verify renorm")
+    if not (isinstance(probs, VerifyProbs) or filters.applied):
+        raise RuntimeError("a verify renorm got target rows the verify softmax did not make")
+    return probs
 
 
 def sample_rows(probs: torch.Tensor, coins: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -374,16 +391,18 @@ def draw(row: torch.Tensor, coin: float) -> int:
     return int(sample_rows(row.view(1, -1), torch.tensor([float(coin)], dtype=torch.float64)))
 
 
-def sample_filtered_rows(probs: torch.Tensor, top_ks, top_ps, min_ps,
-                         coins: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Plain decoding's top-k / top-p / min-p draw (:func:`filter_row` per row, then
-    :func:`sample_rows`): the rows a verify draws from, so a seeded request draws the same
-    token with or without speculation. ``min_ps`` None: no min-p. ``[B]`` int32."""
+def sample_filtered_rows(probs: torch.Tensor, top_ks, top_ps, min_ps, seeds=None,
+                         positions=None) -> torch.Tensor:
+    """Plain decoding's top-k / top-p / min-p draw (:func:`filter_row` per row, the rows a
+    verify draws from), seeded (:func:`seeded_sample_rows`) when ``seeds`` are given, else
+    :func:`sample_rows`. ``min_ps`` None: no min-p. ``[B]`` int32."""
     rows = probs.shape[0]
     ks, ps = _as_row_values(top_ks, rows), _as_row_values(top_ps, rows)
     mins = [None] * rows if min_ps is None else _as_row_values(min_ps, rows)
     filtered = torch.stack([filter_row(probs[r], ks[r], ps[r], mins[r]) for r in range(rows)])
-    return sample_rows(filtered, coins).view(-1).to(torch.int32)
+    out = (sample_rows(filtered) if seeds is None
+           else seeded_sample_rows(filtered, seeds, positions))
+    return out.view(-1).to(torch.int32)
 
 
 def tree_speculative_sampling_target_only(
@@ -394,9 +413,10 @@ def tree_speculative_sampling_target_only(
 ) -> None:
     """Verify ``bs`` draft trees against ``target_probs [bs, n, vocab]``, in place.
 
-    From the root down, each node draws its token (:func:`draw`) with its coin: the seeded
-    coin of its position inside :func:`with_verify_filters` when the batch has seeds, else
-    ``uniform_samples[b, node]``. The child holding the drawn token is accepted and the walk
+    From the root down, each node draws its token: inside :func:`with_verify_filters` when the
+    batch has seeds, the seeded draw of its position (:func:`seeded_sample_rows`, the draw plain
+    decoding makes there), else :func:`draw` with ``uniform_samples[b, node]``. The child
+    holding the drawn token is accepted and the walk
     goes on from it; otherwise (or after ``num_spec - 1`` accepted drafts) the drawn token is
     the bonus. Writes ``predicts[flat node]`` (the token emitted after each accepted node),
     ``accept_index[b, :]`` (flat indices of the root and the accepted nodes) and
@@ -417,25 +437,31 @@ def tree_speculative_sampling_target_only(
     r_sib = retrive_next_sibling.tolist()
     coins = uniform_samples.view(bs, n).tolist()
     rule = _FILTERS.get()
+    seeded = rule is not None and rule.seeded()
     probs = target_probs.view(bs, n, -1)
-    for b in range(bs):
-        last = r_index[b][0]
-        accept_index[b, 0] = last
-        node = depth = 0
-        while True:
-            coin = None if rule is None else rule.coin(b, depth)
-            token = draw(probs[b, node], coins[b][node] if coin is None else coin)
-            if depth + 1 >= num_spec:
-                break
-            child = r_next[b][node]
+    last = [r_index[b][0] for b in range(bs)]
+    node, depth = [0] * bs, 0
+    active = list(range(bs))
+    for b in active:
+        accept_index[b, 0] = last[b]
+    while active:  # one depth of every request still walking: its draws in one batch
+        rows = [probs[b, node[b]] for b in active]
+        if seeded:
+            tokens = seeded_sample_rows(
+                torch.stack(rows), [rule.seeds[b] for b in active],
+                [rule.starts[b] + depth for b in active]).view(-1).tolist()
+        else:
+            tokens = [draw(row, coins[b][node[b]]) for b, row in zip(active, rows)]
+        walking = []
+        for b, token in zip(active, tokens):
+            child = r_next[b][node[b]] if depth + 1 < num_spec else -1
             while child != -1 and cand[b][child] != token:
                 child = r_sib[b][child]
-            if child == -1:
-                break
-            predicts[last] = token
-            depth += 1
-            last = r_index[b][child]
-            accept_index[b, depth] = last
-            node = child
-        predicts[last] = token
-        accept_token_num[b] = depth
+            predicts[last[b]] = token
+            if child == -1:  # the draw is the bonus token
+                accept_token_num[b] = depth
+                continue
+            last[b], node[b] = r_index[b][child], child
+            accept_index[b, depth + 1] = last[b]
+            walking.append(b)
+        active, depth = walking, depth + 1

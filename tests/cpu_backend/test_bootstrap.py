@@ -126,11 +126,11 @@ def test_patches_apply_in_a_fresh_process():
         probs = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 2.0]])
         assert sampler.sampling_from_probs_torch(probs).tolist() == [1, 2]
         assert sampler.sampling_from_probs_torch(probs).dtype == torch.int32
-        # seeded rows draw with their seeded coins, the filtered draw too
-        from rhyme_sglang.cpu_backend.sampling import sample_rows, seeded_coins
+        # seeded rows draw with their seeds, the filtered draw too
+        from rhyme_sglang.cpu_backend.sampling import seeded_sample_rows
         flat = torch.softmax(torch.randn(3, 40), -1)
         seeds, positions = torch.tensor([1, 2, 1]), torch.tensor([5, 5, 6])
-        want = sample_rows(flat, seeded_coins(seeds, positions)).view(-1).tolist()
+        want = seeded_sample_rows(flat, seeds, positions).view(-1).tolist()
         assert sampler.sampling_from_probs_torch(flat, seeds, positions).tolist() == want
         got = sampler.top_k_top_p_min_p_sampling_from_probs_torch(
             flat, torch.tensor([40] * 3), torch.tensor([1.0] * 3), torch.zeros(3), False, seeds,

@@ -9,12 +9,11 @@ import torch
 from rhyme_sglang.cpu_backend.sampling import (
     VerifyFilters,
     sample_rows,
-    seeded_coin,
-    seeded_coins,
+    draw_key,
+    seeded_sample_rows,
     sampling_impl,
-    top_k_renorm_prob,
-    top_p_renorm_prob,
     tree_speculative_sampling_target_only,
+    verify_renorm,
 )
 
 
@@ -98,31 +97,71 @@ def test_lossy_thresholds_are_refused():
         )
 
 
-def test_renorms_match_sglang_torch_sampler_sets():
-    probs = torch.tensor([[0.4, 0.3, 0.2, 0.1]])
-    assert torch.allclose(top_k_renorm_prob(probs, torch.tensor([2])),
-                          torch.tensor([[0.4 / 0.7, 0.3 / 0.7, 0.0, 0.0]]))
-    # top_p 0.6: exclusive masses 0, .4, .7, .9 -> keep first two
-    assert torch.allclose(top_p_renorm_prob(probs, torch.tensor([0.6])),
-                          torch.tensor([[0.4 / 0.7, 0.3 / 0.7, 0.0, 0.0]]))
-    assert torch.allclose(top_p_renorm_prob(probs, 1.0), probs)
+def test_seeded_draws_are_exact_fixed_and_differ_by_seed_and_position():
+    """The race draws each row's tokens with their probabilities, head (raced token by token)
+    and tail (raced as one block, then within) alike: 40000 keys over a row whose tail holds
+    ~30% of the mass in 1000 tokens below the head's floor."""
+    head = torch.tensor([0.3, 0.2, 0.1, 0.05, 0.05])
+    tail = torch.full((1000,), 0.3 / 1000)  # each below 2^-12 of the mass
+    probs = torch.cat([head, tail])[None] * 3.0  # rows need not be normalised
+    trials = 40000
+    draws = seeded_sample_rows(probs.expand(trials, -1), list(range(trials)), [9] * trials).view(-1)
+    counts = torch.bincount(draws, minlength=probs.shape[1]).double()
+    expected = torch.cat([head, tail.sum().view(1)]) * trials
+    observed = torch.cat([counts[:5], counts[5:].sum().view(1)])
+    assert bool(((observed - expected).abs() < 5 * expected.sqrt()).all()), (observed, expected)
+    assert counts[5:].max() < 40  # the tail's own race spreads over its tokens (mean 12)
+    again = seeded_sample_rows(probs.expand(50, -1), list(range(50)), [9] * 50).view(-1)
+    assert again.tolist() == draws[:50].tolist()  # a key fixes its draw
+    other = seeded_sample_rows(probs.expand(50, -1), list(range(50)), [10] * 50).view(-1)
+    assert other.tolist() != again.tolist()
+    assert draw_key(-3, 0) == draw_key(-3 + (1 << 64), 0)  # seeds are 64-bit
+    zero = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 2.0]])
+    assert seeded_sample_rows(zero, [1, 2], [3, 4]).view(-1).tolist() == [1, 2]
+    with pytest.raises(ValueError, match="2 seeds and 1 positions for 2 rows"):
+        seeded_sample_rows(zero, [1, 2], [3])
+    with pytest.raises(ValueError, match="batch, vocab"):
+        seeded_sample_rows(torch.ones(3), [1], [1])
 
 
-def test_seeded_coins_are_fixed_uniform_and_differ_by_seed_and_position():
-    assert seeded_coin(7, 11) == seeded_coin(7, 11)
-    assert seeded_coin(-3, 0) == seeded_coin(-3 + (1 << 64), 0)  # seeds are 64-bit
-    coins = seeded_coins(list(range(200)) * 100, [p for p in range(100) for _ in range(200)])
-    assert coins.dtype == torch.float64 and coins.numel() == 20000
-    assert bool((coins >= 0).all()) and bool((coins < 1).all())
-    assert coins.unique().numel() == 20000
-    # uniform: each of 20 bins holds 1000 +- 5 sigma (sigma ~ 30.8)
-    counts = torch.histc(coins.float(), bins=20, min=0.0, max=1.0)
-    assert bool(((counts - 1000).abs() < 155).all()), counts
-    # neighbouring positions of one seed are uncorrelated
-    a = seeded_coins([5] * 5000, list(range(5000)))
-    assert abs(float(torch.corrcoef(torch.stack([a[:-1], a[1:]]))[0, 1])) < 0.06
-    with pytest.raises(ValueError, match="2 seeds for 1 positions"):
-        seeded_coins([1, 2], [3])
+def test_seeded_draws_survive_the_rounding_that_moves_inverse_cdf_draws():
+    """Rows of a 49k vocabulary shaped like a language model's at temperature 1.0, and the
+    same rows with every probability moved by ~1e-6 relative (what another kernel's rounding
+    does): no seeded draw moves, while the vocabulary-order inverse CDF with the same coins
+    moves some."""
+    gen = torch.Generator().manual_seed(2)
+    logits = torch.randn(400, 49152, generator=gen) * 2.0
+    logits[:, :50] += 9.0  # a head of likely tokens and a long tail
+    probs = torch.softmax(logits, -1)
+    moved = torch.softmax(logits + torch.randn(logits.shape, generator=gen) * 1e-6 * logits.abs(), -1)
+    seeds, positions = list(range(400)), [17] * 400
+    a, b = seeded_sample_rows(probs, seeds, positions), seeded_sample_rows(moved, seeds, positions)
+    assert int((a != b).sum()) == 0
+    flips = 0
+    for trial in range(10):
+        coins = torch.rand(400, dtype=torch.float64, generator=gen)
+        flips += int((sample_rows(probs, coins) != sample_rows(moved, coins)).sum())
+    assert flips > 0
+
+
+def test_request_seeds_are_the_users_or_one_random_draw_kept_per_request():
+    from types import SimpleNamespace
+
+    from rhyme_sglang.cpu_backend.sampling import request_seed
+
+    def req(rid, seed=None):
+        return SimpleNamespace(rid=rid, sampling_params=SimpleNamespace(sampling_seed=seed))
+
+    assert request_seed(req("a", seed=-7)) == -7
+    torch.manual_seed(0)
+    a, b = req("a"), req("b")
+    seeds = [request_seed(a), request_seed(b)]
+    assert request_seed(a) == seeds[0] and seeds[0] != seeds[1]  # kept on the request
+    assert all(0 <= x < 2**63 for x in seeds)
+    torch.manual_seed(0)  # another engine with the same --random-seed: other rids, other seeds
+    assert request_seed(req("c")) not in seeds
+    torch.manual_seed(0)
+    assert request_seed(req("a")) == seeds[0]  # same generator, same rid: reproducible
 
 
 def _seeded_walk(probs, candidates, next_token, seeds, starts, num_spec):
@@ -150,13 +189,13 @@ def _seeded_walk(probs, candidates, next_token, seeds, starts, num_spec):
 
 def test_a_seeded_verify_emits_plain_decodings_seeded_draws():
     """Whatever the drafts, a seeded verify emits the tokens plain decoding draws with the
-    same seeds at the same positions (sample_rows with seeded_coin), up to the first draft
+    same seeds at the same positions (seeded_sample_rows), up to the first draft
     that differs from them, and then that position's plain draw."""
     gen = torch.Generator().manual_seed(3)
     bs, n, vocab = 4, 5, 50
     probs = torch.softmax(torch.randn(bs, n, vocab, generator=gen) * 1.5, -1)
     seeds, starts = [11, -4, 11, 2**62], [7, 30, 8, 0]
-    plain = [[int(sample_rows(probs[b, d][None], seeded_coins([seeds[b]], [starts[b] + d])))
+    plain = [[int(seeded_sample_rows(probs[b, d][None], [seeds[b]], [starts[b] + d]))
               for d in range(n)] for b in range(bs)]
     chain = torch.tensor([[1, 2, 3, 4, -1]] * bs)
     # drafts equal to the plain draws: every draft accepted, the bonus is the leaf's draw
@@ -212,31 +251,32 @@ def test_sampling_impl_env_is_checked(monkeypatch):
         sampling_impl()
 
 
-def _dense(logits, temps, ks, ps):
-    probs = torch.softmax(logits / temps, dim=-1)
-    probs = top_k_renorm_prob(probs, torch.tensor(ks))
-    return top_p_renorm_prob(probs, torch.tensor(ps))
-
-
 def test_verify_probs_rows_equal_the_dense_probabilities_and_verify_alike():
     """sglang's verify path on CPU: softmax (patched to VerifyProbs), renorms, reshape,
-    zeros_like, then the tree walk. Rows computed when read equal the dense ones, and the walk
-    emits the same tokens with the same coins."""
-    from rhyme_sglang.cpu_backend.sampling import VerifyProbs
+    zeros_like, then the tree walk. Rows computed when read equal the dense filtered ones, and
+    the walk emits the same tokens with the same coins."""
+    from rhyme_sglang.cpu_backend import sampling
+    from rhyme_sglang.cpu_backend.sampling import VerifyProbs, filter_row
 
     gen = torch.Generator().manual_seed(3)
     bs, n, vocab = 3, 4, 50
     logits = torch.randn(bs * n, vocab, generator=gen) * 3
     temps = torch.tensor([[0.7], [1.0], [1.3]]).repeat_interleave(n, dim=0)
-    ks, ps = [5] * n + [0] * n + [50] * n, [0.9] * n + [1.0] * n + [0.5] * n  # per request
+    ks, ps = [5, 0, 50], [0.9, 1.0, 0.5]  # per request
+    filters = VerifyFilters(ks, ps, None, n)
 
     def softmax(x, temperatures=None):
         return torch.softmax(x / temperatures, dim=-1)
 
-    lazy = VerifyProbs(logits, temps, softmax)
-    lazy = top_p_renorm_prob(top_k_renorm_prob(lazy, torch.tensor(ks)), torch.tensor(ps))
+    token = sampling._FILTERS.set(filters)
+    try:
+        lazy = VerifyProbs(logits, temps, softmax, filters)
+        assert verify_renorm(verify_renorm(lazy, torch.tensor(ks)), torch.tensor(ps)) is lazy
+    finally:
+        sampling._FILTERS.reset(token)
     assert torch.zeros_like(lazy) is None
-    dense = _dense(logits, temps, ks, ps)
+    dense = torch.stack([filter_row(softmax(logits[r], temps[r]), ks[r // n], ps[r // n])
+                         for r in range(bs * n)])
     lazy = lazy.reshape(bs, n, -1)
     assert lazy.shape == (bs, n, vocab)
     for b in range(bs):
@@ -248,9 +288,8 @@ def test_verify_probs_rows_equal_the_dense_probabilities_and_verify_alike():
     candidates = dense.view(bs, n, -1).argmax(-1)
     candidates = torch.cat([candidates[:, :1], candidates[:, :-1]], dim=1)
     outs = []
-    for probs in (VerifyProbs(logits, temps, softmax).reshape(bs, n, -1), dense.view(bs, n, -1)):
-        if isinstance(probs, VerifyProbs):
-            probs.with_top_k(torch.tensor(ks)).with_top_p(torch.tensor(ps))
+    for probs in (VerifyProbs(logits, temps, softmax, filters).reshape(bs, n, -1),
+                  dense.view(bs, n, -1)):
         predicts = torch.full((bs * n,), -1, dtype=torch.int32)
         accept_index = torch.full((bs, n), -1, dtype=torch.int32)
         accept_num = torch.zeros(bs, dtype=torch.int32)
@@ -261,6 +300,15 @@ def test_verify_probs_rows_equal_the_dense_probabilities_and_verify_alike():
             torch.rand(bs, generator=torch.Generator().manual_seed(6)), probs, None)
         outs.append((predicts.tolist(), accept_index.tolist(), accept_num.tolist()))
     assert outs[0] == outs[1]
+
+
+def test_verify_ops_refuse_to_run_outside_a_verify():
+    from rhyme_sglang.cpu_backend.sampling import lazy_verify_softmax
+
+    with pytest.raises(RuntimeError, match="inside a verify only"):
+        lazy_verify_softmax(torch.softmax)(torch.zeros(2, 5))
+    with pytest.raises(RuntimeError, match="inside a verify only"):
+        verify_renorm(torch.full((2, 5), 0.2), torch.tensor([2, 2]))
 
 
 # ---- verify filters: the target rows plain decoding samples from -------------------------
@@ -303,6 +351,17 @@ def test_filter_row_is_plain_decodings_joint_rule():
     assert filter_row(probs) is probs  # no filter: the row as it is
 
 
+def _sglang_verify_row(probs, k, p):
+    """sglang's own verify filter: top-k renormalised, then top-p over the renormalised mass
+    (no min-p)."""
+    vals, idx = torch.sort(probs, descending=True)
+    vals = torch.where(torch.arange(vals.numel()) < k, vals, torch.zeros_like(vals))
+    vals = vals / vals.sum()
+    vals = torch.where(torch.cumsum(vals, 0) - vals > p, torch.zeros_like(vals), vals)
+    out = torch.zeros_like(probs).scatter_(0, idx, vals)
+    return out / out.sum()
+
+
 def _fake_verify(logits, temps, info, nodes):
     """What sglang's eagle_sample does to its target probabilities, inside the wrapper."""
     from types import SimpleNamespace
@@ -316,9 +375,9 @@ def _fake_verify(logits, temps, info, nodes):
     def eagle_sample(verify_input, batch):
         probs = lazy_verify_softmax(softmax)(logits, temperatures=temps)
         if batch.sampling_info.need_top_k_sampling:
-            probs = top_k_renorm_prob(probs, batch.sampling_info.top_ks.repeat_interleave(nodes))
+            probs = verify_renorm(probs, batch.sampling_info.top_ks.repeat_interleave(nodes))
         if batch.sampling_info.need_top_p_sampling:
-            probs = top_p_renorm_prob(probs, batch.sampling_info.top_ps.repeat_interleave(nodes))
+            probs = verify_renorm(probs, batch.sampling_info.top_ps.repeat_interleave(nodes))
         bs = logits.shape[0] // nodes
         probs = probs.reshape(bs, nodes, -1)
         return [probs[b, j].clone() for b in range(bs) for j in range(nodes)]
@@ -352,8 +411,7 @@ def test_verify_target_rows_are_filtered_as_plain_decoding(impl, monkeypatch):
         probs = torch.softmax(logits[r] / temps[r], -1)
         torch.testing.assert_close(row, _plain_decoding_row(probs, ks[b], ps[b], mins[b]),
                                    rtol=1e-5, atol=1e-7)
-        old = top_p_renorm_prob(top_k_renorm_prob(probs[None], torch.tensor([ks[b]])),
-                                torch.tensor([ps[b]]))[0]
+        old = _sglang_verify_row(probs, ks[b], ps[b])
         sequential += int(not torch.allclose(row, old, atol=1e-6))
     assert sequential >= nodes  # sglang's own order (and no min-p) gives other rows
     assert sampling._FILTERS.get() is None  # the context ends with the verify

@@ -124,6 +124,37 @@ def test_overrunning_requests_migrate_losslessly(ray_cluster):
     assert no_mig.stats["bubble_ratio"] > result.stats["bubble_ratio"]
 
 
+def test_a_base_seed_gives_each_sample_its_own_seed_on_every_engine():
+    """Samples of a group must differ, so a ``sampling_seed`` in the sampling parameters is a
+    base: each (prompt, sample) gets its own seed, and keeps it when a migration continues it
+    on another engine (with seeds, the continuation draws the tokens it would have drawn)."""
+    from types import SimpleNamespace
+
+    from rl_driver.dispatch import job_params
+
+    base = {"temperature": 1.0, "sampling_seed": 5}
+    seeds = {(p, k): job_params(base, p, k)["sampling_seed"] for p in ("a", "b") for k in range(4)}
+    assert len(set(seeds.values())) == 8 and 5 not in seeds.values()
+    assert job_params(base, "a", 1, max_new_tokens=3) == {
+        "temperature": 1.0, "sampling_seed": seeds["a", 1], "max_new_tokens": 3}
+    assert job_params({"temperature": 1.0}, "a", 1) == {"temperature": 1.0}
+
+    class Capture:
+        def __init__(self):
+            self.requests = []
+            self.generate_one = SimpleNamespace(remote=self.requests.append)
+
+    pool = SimpleNamespace(actors=[Capture(), Capture()], num_engines=2, restart=None)
+    dispatcher = Dispatcher(pool, DispatchConfig(sampling_params=base))
+    job = Job(prompt_id="a", sample=2, prompt_ids=[1, 2], predicted=5.0, max_new_tokens=8)
+    dispatcher._submit(job, 0)
+    job.response_ids = [7]
+    dispatcher._submit(job, 1)  # the job continued on the other engine
+    first, second = (a.requests[0]["sampling_params"] for a in pool.actors)
+    assert first["sampling_seed"] == second["sampling_seed"] == seeds["a", 2]
+    assert (first["max_new_tokens"], second["max_new_tokens"]) == (8, 7)
+
+
 def test_budget_and_length_finish(ray_cluster):
     pool = FakePool(ray_cluster, 1)
     result = Dispatcher(pool, DispatchConfig(sampling_params={"max_new_tokens": 7})).run(

@@ -18,8 +18,6 @@ from rhyme_sglang.cpu_backend.cache_ops import (  # noqa: F401
     fill_bonus_tokens_cpu,
 )
 from rhyme_sglang.cpu_backend.sampling import (  # noqa: F401
-    top_k_renorm_prob,
-    top_p_renorm_prob,
     tree_speculative_sampling_target_only,
 )
 from rhyme_sglang.cpu_backend.tree_ops import verify_tree_greedy_cpu  # noqa: F401
@@ -34,3 +32,7 @@ build_tree_kernel_efficient_cpu = _not_implemented("build_tree_kernel_efficient_
 build_draft_decode_metadata_cpu = _not_implemented("build_draft_decode_metadata_cpu")
 rotate_input_ids_cpu = _not_implemented("rotate_input_ids_cpu")
 moe_sum_reduce = _not_implemented("moe_sum_reduce")
+# imported by sglang's sampler and verify; on CPU the sampler's torch path filters instead, and
+# the verify's rows are filtered as plain decoding filters them (sampling.verify_renorm)
+top_k_renorm_prob = _not_implemented("top_k_renorm_prob")
+top_p_renorm_prob = _not_implemented("top_p_renorm_prob")
