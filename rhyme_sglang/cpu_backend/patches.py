@@ -13,7 +13,7 @@ Applied by :mod:`.bootstrap` right after the target module executes, only while 
   probabilities are computed only for the tree rows the walk reads and filtered as plain
   decoding filters them (sglang's verify renormalises top-k before top-p and drops min-p).
 * ``fast_cpu_sampling`` (``sglang.srt.layers.sampler``): plain sampling draws each row with
-  its seed (:func:`.sampling.seeded_sample_rows`; unseeded, :func:`.sampling.sample_rows`)
+  its seed (:func:`.seeded.seeded_sample_rows`; unseeded, :func:`.sampling.sample_rows`)
   instead of ``torch.multinomial``, which costs ~1.8 ms a row on CPU at a 49k-token
   vocabulary; top-k / top-p / min-p rows are filtered as a verify filters them
   (:func:`.sampling.filter_row`). Same distribution; ``RHYME_CPU_SAMPLING=torch`` keeps
@@ -97,7 +97,7 @@ def lossless_sampling_verify(eagle_utils) -> None:
 def fast_cpu_sampling(sampler) -> None:
     import torch
 
-    from rhyme_sglang.cpu_backend import sampling
+    from rhyme_sglang.cpu_backend import sampling, seeded
 
     if sampling.sampling_impl() == "torch":  # RHYME_CPU_SAMPLING=torch: sglang's own draw
         return
@@ -108,7 +108,7 @@ def fast_cpu_sampling(sampler) -> None:
         if probs.device.type != "cpu":
             return original(probs, sampling_seed=sampling_seed, positions=positions)
         out = (sampling.sample_rows(probs) if sampling_seed is None
-               else sampling.seeded_sample_rows(probs, sampling_seed, positions))
+               else seeded.seeded_sample_rows(probs, sampling_seed, positions))
         return out.view(-1).to(torch.int32)
 
     def top_k_top_p_min_p_sampling_from_probs_torch(
@@ -131,10 +131,10 @@ def fast_cpu_sampling(sampler) -> None:
 
 def seeded_cpu_sampling(sampling_batch_info) -> None:
     """Every CPU batch carries its requests' seeds (``sampling_seed``; a random one for a
-    request without), so plain draws and verify draws take the same coin per position."""
+    request without), so plain draws and verify draws of a position are the same draw."""
     import torch
 
-    from rhyme_sglang.cpu_backend import sampling
+    from rhyme_sglang.cpu_backend import sampling, seeded
 
     if sampling.sampling_impl() == "torch":
         return
@@ -144,7 +144,7 @@ def seeded_cpu_sampling(sampling_batch_info) -> None:
     def from_schedule_batch(klass, batch, vocab_size):
         info = original(klass, batch, vocab_size)
         if info.sampling_seed is None and torch.device(batch.device).type == "cpu":
-            info.sampling_seed = torch.tensor([sampling.request_seed(req) for req in batch.reqs],
+            info.sampling_seed = torch.tensor([seeded.request_seed(req) for req in batch.reqs],
                                               dtype=torch.int64)
         return info
 

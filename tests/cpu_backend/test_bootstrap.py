@@ -127,7 +127,7 @@ def test_patches_apply_in_a_fresh_process():
         assert sampler.sampling_from_probs_torch(probs).tolist() == [1, 2]
         assert sampler.sampling_from_probs_torch(probs).dtype == torch.int32
         # seeded rows draw with their seeds, the filtered draw too
-        from rhyme_sglang.cpu_backend.sampling import seeded_sample_rows
+        from rhyme_sglang.cpu_backend.seeded import seeded_sample_rows
         flat = torch.softmax(torch.randn(3, 40), -1)
         seeds, positions = torch.tensor([1, 2, 1]), torch.tensor([5, 5, 6])
         want = seeded_sample_rows(flat, seeds, positions).view(-1).tolist()

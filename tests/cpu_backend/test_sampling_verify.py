@@ -6,11 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from rhyme_sglang.cpu_backend.seeded import draw_key, seeded_sample_rows
 from rhyme_sglang.cpu_backend.sampling import (
     VerifyFilters,
     sample_rows,
-    draw_key,
-    seeded_sample_rows,
     sampling_impl,
     tree_speculative_sampling_target_only,
     verify_renorm,
@@ -147,7 +146,7 @@ def test_seeded_draws_survive_the_rounding_that_moves_inverse_cdf_draws():
 def test_request_seeds_are_the_users_or_one_random_draw_kept_per_request():
     from types import SimpleNamespace
 
-    from rhyme_sglang.cpu_backend.sampling import request_seed
+    from rhyme_sglang.cpu_backend.seeded import request_seed
 
     def req(rid, seed=None):
         return SimpleNamespace(rid=rid, sampling_params=SimpleNamespace(sampling_seed=seed))
