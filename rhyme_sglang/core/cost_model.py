@@ -146,15 +146,35 @@ class SpecCostModel:
 
     # ------------------------------------------------------------------ measurements
     def observe_step(self, batch_size: int, width: int, seconds: float,
-                     rows: Optional[int] = None) -> None:
+                     rows: Optional[int] = None, contexts: Optional[Sequence[int]] = None,
+                     lens: Optional[Sequence[int]] = None) -> None:
         """Record the wall time of one whole step of ``batch_size`` requests at ``width``
-        (``rows``: the forward's tokens, for a ragged verify; :meth:`StepCostTable.observe`)."""
-        self.steps.observe(batch_size, width, seconds, rows, now=self._decisions)
+        (``rows``: the forward's tokens, for a ragged verify; :meth:`StepCostTable.observe`).
+        ``contexts``: each request's context tokens (unknown: the step counts as
+        context-free); ``lens``: each request's forward rows in a ragged verify."""
+        keys, row_keys = 0.0, 0.0
+        if contexts is not None:
+            if len(contexts) != batch_size or (lens is not None and len(lens) != batch_size):
+                raise ValueError(f"need one context (and len) per request ({batch_size}), got "
+                                 f"{len(contexts)} and {None if lens is None else len(lens)}")
+            keys = float(sum(contexts))
+            if lens is not None:
+                row_keys = float(sum((n - 1) * c for n, c in zip(lens, contexts)))
+            else:
+                row_keys = width * keys
+        self.steps.observe(batch_size, width, seconds, rows, now=self._decisions, keys=keys,
+                           row_keys=row_keys)
 
     def seed(self, table: Mapping[Tuple[int, int], float],
-             rows: Optional[Mapping[Tuple[int, int], float]] = None) -> int:
+             rows: Optional[Mapping[Tuple[int, int], float]] = None,
+             context: Optional[Tuple[float, float]] = None) -> int:
         """Prior step costs from an earlier engine (:meth:`StepCostTable.seed`)."""
-        return self.steps.seed(table, rows)
+        return self.steps.seed(table, rows, context)
+
+    def context_coefficients(self) -> Tuple[float, float]:
+        """``(c_keys, c_rows)``: seconds per context token and per draft row x context token
+        (:class:`rhyme_sglang.core.context_fit.ContextFit`)."""
+        return self.steps.context.coefficients()
 
     def table(self) -> Dict[Tuple[int, int], float]:
         """``{(bucket, width): seconds}`` of each cell, the form :meth:`seed` takes."""
@@ -164,17 +184,21 @@ class SpecCostModel:
         """``{(bucket, width): forward rows per request}`` of each cell."""
         return self.steps.rows_table()
 
-    def step_time(self, batch_size: int, width: int) -> Optional[float]:
-        """Measured seconds of a step (None when its bucket never ran that width)."""
-        return self.steps.step_time(batch_size, width)
+    def step_time(self, batch_size: int, width: int, keys: float = 0.0) -> Optional[float]:
+        """Measured seconds of a step (None when its bucket never ran that width), at a batch
+        context of ``keys`` tokens (every request verifying ``width`` rows; 0: context-free)."""
+        return self.steps.step_time(batch_size, width, keys, width * keys)
 
-    def estimate(self, batch_size: int, width: int) -> Optional[float]:
-        """Measured seconds of a step, else the tokens-per-forward curve's estimate."""
-        return self.steps.estimate(batch_size, width)
+    def estimate(self, batch_size: int, width: int, keys: float = 0.0) -> Optional[float]:
+        """Measured seconds of a step, else the tokens-per-forward curve's estimate (at a
+        batch context of ``keys``, as :meth:`step_time`)."""
+        return self.steps.estimate(batch_size, width, keys, width * keys)
 
-    def step_time_rows(self, batch_size: int, extra: int) -> Optional[float]:
-        """Seconds of a step whose forward runs ``extra`` draft rows beyond its last tokens."""
-        return self.steps.step_time_rows(batch_size, extra)
+    def step_time_rows(self, batch_size: int, extra: int, keys: float = 0.0,
+                       row_keys: float = 0.0) -> Optional[float]:
+        """Seconds of a step whose forward runs ``extra`` draft rows beyond its last tokens
+        (:meth:`StepCostTable.step_time_rows`)."""
+        return self.steps.step_time_rows(batch_size, extra, keys, row_keys)
 
     def observe_acceptance(self, predicted: float, accepted: int) -> None:
         """Calibrate the store's acceptance estimate against one request's verify
@@ -212,13 +236,14 @@ class SpecCostModel:
     # ------------------------------------------------------------------ decision
     def rates(self, batch_size: int, expected: Mapping[int, float], calibrated: bool = False,
               horizon: Optional[Horizon] = None,
-              critical: Optional[Mapping[int, float]] = None) -> Dict[int, Optional[float]]:
+              critical: Optional[Mapping[int, float]] = None,
+              keys: float = 0.0) -> Dict[int, Optional[float]]:
         """Expected (useful, with a ``horizon``) tokens per second of each candidate width
-        (None: nothing to estimate from)."""
+        (None: nothing to estimate from), at a batch context of ``keys`` tokens."""
         out = {}
         scale = 1.0 if calibrated else self.calibration
         for w in self.candidates:
-            seconds = self.estimate(batch_size, w)
+            seconds = self.estimate(batch_size, w, keys)
             gain = 0.0 if w == PLAIN else scale * float(expected.get(w, 0.0))
             tokens = batch_size + gain
             if horizon is not None:
@@ -229,7 +254,8 @@ class SpecCostModel:
 
     def choose_width(self, batch_size: int, expected: Mapping[int, float],
                      calibrated: bool = False, horizon: Optional[Horizon] = None,
-                     critical: Optional[Mapping[int, float]] = None) -> int:
+                     critical: Optional[Mapping[int, float]] = None,
+                     contexts: Optional[Sequence[int]] = None) -> int:
         """The width for one decode step: 0 (plain) or a verify width.
 
         ``expected[w]``: the batch's summed expected accepted draft tokens when each request
@@ -238,7 +264,9 @@ class SpecCostModel:
         request (:meth:`batch_expected`) with ``calibrated=True``. With a ``horizon``, rates
         count useful tokens only (module docstring); ``critical[w]``: the critical requests'
         mean expected accepted drafts, in the same form as ``expected`` (missing = none
-        accepted; :meth:`critical_expected` gives the calibrated form)."""
+        accepted; :meth:`critical_expected` gives the calibrated form). ``contexts``: each
+        request's context tokens, which price the step's attention (unknown: its cells as
+        measured)."""
         if horizon is not None and len(horizon.remaining) != batch_size:
             raise ValueError(f"horizon has {len(horizon.remaining)} requests, batch has {batch_size}")
         self._decisions += 1
@@ -250,7 +278,8 @@ class SpecCostModel:
         if not self.steps.baseline_measured(batch_size):
             self.last_advantage = None
             return PLAIN  # measure the baseline at this batch size first (a seeded one too)
-        rates = self.rates(batch_size, expected, calibrated, horizon, critical)
+        keys = _keys(contexts, batch_size)
+        rates = self.rates(batch_size, expected, calibrated, horizon, critical, keys=keys)
         plain_rate = rates[PLAIN]
         self.last_advantage = max((rates[w] or 0.0) for w in useful) / plain_rate
         estimated, known = self._estimated_and_known(batch_size, {w: rates[w] for w in useful})
@@ -264,7 +293,8 @@ class SpecCostModel:
         return self._maybe_reexplore(bucket, ranking[0], {PLAIN: plain_rate, **estimated})
 
     def choose_rows(self, batch_size: int, gains: Sequence[Sequence[float]],
-                    horizon: Optional[Horizon] = None):
+                    horizon: Optional[Horizon] = None,
+                    contexts: Optional[Sequence[int]] = None):
         """Per-request verify widths for one decode step (a ragged verify): ``(width,
         counts)``, where ``counts[i]`` draft nodes of request ``i`` are verified (0: only its
         last token, as in a plain step) and ``width``, the step's cell, is the smallest of
@@ -280,7 +310,10 @@ class SpecCostModel:
         requests' drafts. The rules of :meth:`choose_width` hold per cell: plain is measured
         first, a cell never measured at this bucket is tried once when its estimate is within
         ``explore_within`` of the best known rate, and every ``reexplore_every`` decisions the
-        stalest other cell is run (the plain step, or the best allocation of that cell)."""
+        stalest other cell is run (the plain step, or the best allocation of that cell).
+        ``contexts``: each request's context tokens; a draft row then costs the table's row
+        plus its request's context times the fitted cost of a row's key (so the nodes of a
+        long request cost more than those of a short one)."""
         self._decisions += 1
         bs = batch_size
         if len(gains) != bs:
@@ -295,12 +328,15 @@ class SpecCostModel:
         if not self.steps.baseline_measured(bs):
             self.last_advantage = None
             return plain  # measure the baseline at this batch size first (a seeded one too)
-        plain_rate = (bs if horizon is None else horizon.useful(bs, 0.0)) / self.estimate(bs, PLAIN)
+        keys = _keys(contexts, bs)
+        plain_rate = (bs if horizon is None else horizon.useful(bs, 0.0)) / self.estimate(bs, PLAIN, keys)
         nodes = DraftNodes(gains, self.widths[-1])
-        times = self.steps.rows_times(bs, len(nodes.gain))
+        times = self.steps.rows_times(bs, len(nodes.gain), keys)
         if None in times:
             return plain
         times = np.asarray(times[1:])  # times[k - 1]: a step with k draft rows
+        c_rows = self.steps.context.coefficients()[1] if contexts is not None else 0.0
+        node_seconds = c_rows * np.asarray(contexts, dtype=np.float64)[nodes.request] if c_rows else None
         orders = [np.arange(len(nodes.gain))]
         is_critical = np.zeros(bs, dtype=bool)
         if horizon is not None:
@@ -315,8 +351,10 @@ class SpecCostModel:
                 if below > deepest:
                     break  # no node ranks this deep: the same nodes as the last cap
                 under = order if cap > deepest else order[nodes.rank[order] < cap]
+                step_times = times if node_seconds is None else (
+                    times[: len(under)] + np.cumsum(node_seconds[under]))
                 top_rate, top_k = best_prefix(bs, nodes.gain[under], nodes.request[under],
-                                                    times, horizon, is_critical)
+                                              step_times, horizon, is_critical)
                 if top_k:
                     counts = np.bincount(nodes.request[under[:top_k]], minlength=bs).tolist()
                     width = next(w for w in self.widths if w >= max(counts))
@@ -386,3 +424,12 @@ class SpecCostModel:
             "widths": list(self.widths),
             **self.steps.as_dict(self.candidates),
         }
+
+
+def _keys(contexts: Optional[Sequence[int]], batch_size: int) -> float:
+    """A batch's context tokens (0 when unknown)."""
+    if contexts is None:
+        return 0.0
+    if len(contexts) != batch_size:
+        raise ValueError(f"need one context per request ({batch_size}), got {len(contexts)}")
+    return float(sum(contexts))

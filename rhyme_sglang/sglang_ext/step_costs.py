@@ -20,7 +20,11 @@ The step seconds are kept with each cell's forward rows per request (a per-reque
 cell's steps ran fewer nodes than its width: stop 31 found that a table saved without them
 made the next engine's seeded cells price a verify row at a third of what it cost, so it chose
 wide verifies that took 2.2 s a step against 0.3 s for a plain step; entries of that older
-format are ignored). The acceptance calibration belongs to a workload's history, not the
+format are ignored). Since stop 44 a cell's seconds are saved context-free, with the fitted
+cost of a context token and of a draft row's context token (``"context"``;
+:mod:`rhyme_sglang.core.context_fit`), so a table saved by a long-context rollout does not
+price a short chat's verifies (stop 42: batch-1 cells saved at contexts of ~1000 tokens read
+47-92 ms against a 25 ms plain step); entries of earlier formats are not read. The acceptance calibration belongs to a workload's history, not the
 machine. ``--rhyme-cost-cache 0`` (``rhyme_cost_cache=False``) turns it off; the
 benchmarks that measure the cost model itself (``bench_cpu_engine``) start without it.
 Writes are atomic (a temporary file replaced), at most every ``SAVE_EVERY_S`` seconds while
@@ -33,6 +37,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -42,7 +47,7 @@ logger = logging.getLogger(__name__)
 
 PATH_ENV = "RHYME_STEP_COSTS"
 SAVE_EVERY_S = 30.0
-FORMAT = 2  # 2: cells keep their rows per request (entries of format 1 are not read)
+FORMAT = 3  # 3: context-free seconds and context costs; 2: rows per request (not read)
 Table = Dict[Tuple[int, int], float]  # (batch bucket, width) -> seconds of a whole step
 
 
@@ -107,14 +112,32 @@ def load_rows(key: str, path: Optional[Path] = None) -> Table:
     return _cells(_read_all(path or cache_path()).get(key), "rows")
 
 
+def _context(entry) -> Optional[Tuple[float, float]]:
+    """The saved ``(c_keys, c_rows)`` of an entry; None when absent or malformed."""
+    value = entry.get("context") if isinstance(entry, dict) else None
+    try:
+        c_keys, c_rows = (float(x) for x in value)
+    except (TypeError, ValueError):
+        return None
+    ok = all(math.isfinite(c) and c >= 0.0 for c in (c_keys, c_rows))
+    return (c_keys, c_rows) if ok else None
+
+
+def load_context(key: str, path: Optional[Path] = None) -> Optional[Tuple[float, float]]:
+    """The saved context costs under ``key`` (None when absent)."""
+    return _context(_read_all(path or cache_path()).get(key))
+
+
 def save(key: str, table: Table, about: Optional[dict] = None, path: Optional[Path] = None,
-         rows: Optional[Table] = None) -> bool:
-    """Write ``table`` (and each cell's ``rows`` per request) under ``key``, other keys kept;
-    False when the file could not be written."""
+         rows: Optional[Table] = None, context: Optional[Tuple[float, float]] = None) -> bool:
+    """Write ``table`` (and each cell's ``rows`` per request, and the ``context`` costs its
+    seconds are free of) under ``key``, other keys kept; False when the file could not be
+    written."""
     path = path or cache_path()
     data = _read_all(path)
     data[key] = {"seconds": {f"{b}:{w}": s for (b, w), s in sorted(table.items())},
                  "rows": {f"{b}:{w}": r for (b, w), r in sorted((rows or {}).items())},
+                 "context": list(context or (0.0, 0.0)),
                  "saved": time.time(), **(about or {})}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -158,7 +181,8 @@ class StepCostCache:
 
     def seed(self, cost_model) -> int:
         entry = _read_all(cache_path()).get(self.key)  # one read for both fields
-        self.seeded = cost_model.seed(_cells(entry, "seconds"), _cells(entry, "rows"))
+        self.seeded = cost_model.seed(_cells(entry, "seconds"), _cells(entry, "rows"),
+                                      _context(entry))
         if self.seeded:
             logger.info("rhyme: cost model starts from %d saved step costs (%s)", self.seeded,
                         cache_path())
@@ -175,6 +199,7 @@ class StepCostCache:
             entry = _read_all(cache_path()).get(self.key)
             table = {**_cells(entry, "seconds"), **cost_model.table()}
             rows = {**_cells(entry, "rows"), **cost_model.rows_table()}
-            save(self.key, table, self.about, rows=rows)
+            save(self.key, table, self.about, rows=rows,
+                 context=cost_model.context_coefficients())
             self._dirty = False
         self._last_save = time.monotonic()

@@ -81,6 +81,12 @@ def path_dependent_penalties(req) -> bool:
                 or len(req.output_ids) < (params.min_new_tokens or 0))
 
 
+def _contexts(batch) -> list:
+    """Each request's context tokens in a decode batch (its sequence length)."""
+    lens = batch.seq_lens_cpu if getattr(batch, "seq_lens_cpu", None) is not None else batch.seq_lens
+    return lens.tolist()
+
+
 def _prompt_cached(tree_cache, req) -> bool:
     """Whether the prefix cache holds ``req``'s prompt but for fewer than ``MIN_SHARED``
     tokens. Asked once per request (kept on it): a prompt cached when its group arrived
@@ -144,13 +150,14 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
             return super().forward_batch_generation(batch, on_publish, pp_proxy_tensors)
         bs = len(batch.reqs)
         t0 = time.perf_counter()
+        contexts = _contexts(batch)  # attention's cost grows with them (core/context_fit.py)
         # the cost model picks the width (not a fixed or cycled one): drafting may rest
         learned = self._widths_vary(batch) and not self.config.cycle_widths
         if self._plain_only(batch) or (learned and self._resting(batch)):
             width, counts = PLAIN, None
         else:
             drafts = self._draft_batch(batch)
-            width, counts = self._choose_width(batch, drafts)
+            width, counts = self._choose_width(batch, drafts, contexts)
             if learned:
                 self.rest.decided(width, self.cost.last_advantage)
         lens = None  # a ragged verify: each request's tree nodes
@@ -168,7 +175,7 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
             with step_kinds.verify_width(self, nodes), step_kinds.ragged_verify(self, lens):
                 result = super().forward_batch_generation(batch, on_publish, pp_proxy_tensors)
         # a verify's cell also carries its tree layout (only a verify pays for it)
-        self.cost.observe_step(bs, width, time.perf_counter() - decided, rows)
+        self.cost.observe_step(bs, width, time.perf_counter() - decided, rows, contexts, lens)
         if self.step_costs is not None:
             self.step_costs.observed(self.cost)
         self.stats.count_step(decode_kind(width))
@@ -194,7 +201,7 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
             new = any(req.rid not in self._tracked for req in batch.reqs)
         return self.rest.resting(new)
 
-    def _choose_width(self, batch, drafts):
+    def _choose_width(self, batch, drafts, contexts=None):
         """``(width, counts)``: the step's width (0 = plain) and, for a ragged verify, each
         request's number of draft nodes (None: every request up to ``width``). The largest
         width when widths may not vary (:meth:`_widths_vary`)."""
@@ -210,12 +217,13 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         horizon = self._horizon(batch) if self.config.horizon else None
         if self.ragged:
             return self.cost.choose_rows(len(batch.reqs), [self._gains(d) for d in drafts],
-                                         horizon)
+                                         horizon, contexts)
         per_request = [expected_accepts(d, self.widths) for d in drafts]
         critical = None if horizon is None else self.cost.critical_expected(per_request, horizon)
         expected = self.cost.batch_expected(per_request)
         return self.cost.choose_width(len(batch.reqs), expected, calibrated=True,
-                                      horizon=horizon, critical=critical), None
+                                      horizon=horizon, critical=critical,
+                                      contexts=contexts), None
 
     def _horizon(self, batch) -> Horizon:
         """The batch's predicted remainders and the waiting queue's predicted tokens (noted
