@@ -114,6 +114,9 @@ class SpecCostModel:
     # the last decision's best verify rate over the plain rate (0: no verify had a gain;
     # None: plain was chosen to measure it); the worker skips drafting after clear losses
     last_advantage: Optional[float] = None
+    # why the last decision chose what it did: "best", "explore" (a cell not yet run here),
+    # "reexplore" (the stalest cell, every reexplore_every decisions), "close_call"
+    last_reason: str = "best"
 
     def __post_init__(self) -> None:
         self.widths = check_widths(self.widths)
@@ -270,13 +273,13 @@ class SpecCostModel:
         if horizon is not None and len(horizon.remaining) != batch_size:
             raise ValueError(f"horizon has {len(horizon.remaining)} requests, batch has {batch_size}")
         self._decisions += 1
-        self.last_advantage = 0.0
+        self.last_advantage, self.last_reason = 0.0, "best"
         useful = [w for w in self.widths if expected.get(w, 0.0) > 0.0]
         if not useful:
             return PLAIN
         bucket = bucket_of(batch_size)
         if not self.steps.baseline_measured(batch_size):
-            self.last_advantage = None
+            self.last_advantage, self.last_reason = None, "baseline"
             return PLAIN  # measure the baseline at this batch size first (a seeded one too)
         keys = _keys(contexts, batch_size)
         rates = self.rates(batch_size, expected, calibrated, horizon, critical, keys=keys)
@@ -286,6 +289,7 @@ class SpecCostModel:
         best_known = max([plain_rate] + list(known.values()))
         for w in sorted(useful, key=lambda w: -(rates[w] or float("inf"))):
             if w not in known and (rates[w] is None or rates[w] >= self.explore_within * best_known):
+                self.last_reason = "explore"
                 return w  # explore a promising cell once
         scored = sorted(((r, w) for w, r in known.items() if r > self.margin * plain_rate),
                         reverse=True)
@@ -322,11 +326,11 @@ class SpecCostModel:
             raise ValueError(f"horizon has {len(horizon.remaining)} requests, batch has {bs}")
         plain = (PLAIN, [0] * bs)
         bucket = bucket_of(bs)
-        self.last_advantage = 0.0
+        self.last_advantage, self.last_reason = 0.0, "best"
         if not any(len(g) and g[0] > 0 for g in gains):
             return plain
         if not self.steps.baseline_measured(bs):
-            self.last_advantage = None
+            self.last_advantage, self.last_reason = None, "baseline"
             return plain  # measure the baseline at this batch size first (a seeded one too)
         keys = _keys(contexts, bs)
         plain_rate = (bs if horizon is None else horizon.useful(bs, 0.0)) / self.estimate(bs, PLAIN, keys)
@@ -367,12 +371,28 @@ class SpecCostModel:
         best_known = max([plain_rate] + list(known.values()))
         for w in sorted(best, key=lambda w: -best[w][0]):
             if w not in known and best[w][0] >= self.explore_within * best_known:
+                self.last_reason = "explore"
                 return w, best[w][1]  # explore a promising cell once
         ranking = sorted(((r, w) for w, r in known.items() if r > self.margin * plain_rate),
                          reverse=True)
         choice = ranking[0][1] if ranking else PLAIN
         choice = self._maybe_reexplore(bucket, choice, {PLAIN: plain_rate, **estimated})
         return plain if choice == PLAIN else (choice, best[choice][1])
+
+    def predict(self, batch_size: int, gains: Sequence[Sequence[float]], counts: Sequence[int],
+                contexts: Optional[Sequence[int]] = None) -> Tuple[float, Optional[float]]:
+        """``(expected accepted drafts, estimated seconds)`` of a step verifying ``counts[i]``
+        of request ``i``'s best-first draft nodes (all 0: a plain step), for logs that set
+        decisions against outcomes."""
+        keys = _keys(contexts, batch_size)
+        gain = float(sum(sum(g[:c]) for g, c in zip(gains, counts)))
+        rows = int(sum(counts))
+        if rows == 0:
+            return 0.0, self.estimate(batch_size, PLAIN, keys)
+        c_rows = self.context_coefficients()[1] if contexts is not None else 0.0
+        row_keys = float(sum(c * x for c, x in zip(counts, contexts))) if contexts is not None else 0.0
+        seconds = self.steps.rows_times(batch_size, rows, keys)[-1]
+        return gain, None if seconds is None else seconds + c_rows * row_keys
 
     def _estimated_and_known(self, batch_size: int, rates: Mapping[int, float]):
         """``(estimated, known)``: the widths of ``rates`` whose cell at this batch size has a
@@ -404,6 +424,7 @@ class SpecCostModel:
         plain_rate, rate = rates.get(PLAIN), rates.get(choice)
         if (choice != PLAIN and plain_rate and rate and rate < self.close_call * plain_rate
                 and self._decisions - self.steps.measured_at((bucket, PLAIN)) >= self.close_refresh):
+            self.last_reason = "close_call"
             return PLAIN  # a close call: the baseline it hangs on is re-measured often
         if self._decisions % self.reexplore_every or len(rates) < 2:
             return choice
@@ -413,6 +434,7 @@ class SpecCostModel:
                              or self.steps.measured_at((bucket, w)) < 0)]
         if not alternatives:
             return choice
+        self.last_reason = "reexplore"
         return min(alternatives, key=lambda w: (self.steps.measured_at((bucket, w)), w != PLAIN,
                                                 -(rates[w] or 0.0)))
 

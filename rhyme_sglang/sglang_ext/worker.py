@@ -20,7 +20,9 @@ Thread-safety: the scheduler thread and the control thread both take ``self.lock
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -46,6 +48,7 @@ from rhyme_sglang.sglang_ext.tree_layout import draft_to_tree
 from rhyme_sglang.sglang_ext.validation import check_rhyme_params
 
 logger = logging.getLogger(__name__)
+DECISION_LOG_ENV = "RHYME_DECISION_LOG"
 ACTIVE_WORKERS: list = []  # the RhymeWorker of this scheduler process (hooks find it here)
 
 
@@ -129,9 +132,9 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         self._tracked: dict[str, _Tracked] = {}
         self._weights_changed = False
         self._queued = 0.0  # the waiting queue's predicted tokens at the last scheduling pass
+        # RHYME_DECISION_LOG=path: one JSON line per decode step, its decision against its outcome
+        self._decision_log = os.environ.get(DECISION_LOG_ENV) or None
         if self.config.snapshot_path:
-            import os
-
             if os.path.exists(self.config.snapshot_path):
                 self.store.load(self.config.snapshot_path)
                 logger.info("rhyme: loaded history snapshot %s", self.config.snapshot_path)
@@ -153,6 +156,7 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         contexts = _contexts(batch)  # attention's cost grows with them (core/context_fit.py)
         # the cost model picks the width (not a fixed or cycled one): drafting may rest
         learned = self._widths_vary(batch) and not self.config.cycle_widths
+        drafts = None
         if self._plain_only(batch) or (learned and self._resting(batch)):
             width, counts = PLAIN, None
         else:
@@ -175,11 +179,39 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
             with step_kinds.verify_width(self, nodes), step_kinds.ragged_verify(self, lens):
                 result = super().forward_batch_generation(batch, on_publish, pp_proxy_tensors)
         # a verify's cell also carries its tree layout (only a verify pays for it)
-        self.cost.observe_step(bs, width, time.perf_counter() - decided, rows, contexts, lens)
+        seconds = time.perf_counter() - decided
+        if self._decision_log is not None:
+            self._log_decision(batch, drafts, width, counts, contexts, seconds, result)
+        self.cost.observe_step(bs, width, seconds, rows, contexts, lens)
         if self.step_costs is not None:
             self.step_costs.observed(self.cost)
         self.stats.count_step(decode_kind(width))
         return result
+
+    def _log_decision(self, batch, drafts, width, counts, contexts, seconds, result) -> None:
+        """Append the step's decision (width, reason, expected accepted drafts, estimated
+        seconds of it and of a plain step, before this step's measurement) and its outcome
+        (seconds, accepted drafts) to ``$RHYME_DECISION_LOG``."""
+        bs = len(batch.reqs)
+        accepted = 0
+        if width and getattr(result, "accept_lens", None) is not None:
+            accepted = int(result.accept_lens.sum().item()) - bs
+        gains = [self._gains(d) for d in drafts] if drafts is not None else [[] for _ in range(bs)]
+        if counts is None:
+            counts = [width if g else 0 for g in gains] if width else [0] * bs
+        gain, estimate = self.cost.predict(bs, gains, counts, contexts)
+        _, plain = self.cost.predict(bs, gains, [0] * bs, contexts)
+        line = {"bs": bs, "width": width, "rows": bs + int(sum(counts)),
+                "reason": self.cost.last_reason if drafts is not None else "rest",
+                "keys": int(sum(contexts)), "expected": round(gain, 4),
+                "estimate_s": estimate, "plain_estimate_s": plain,
+                "seconds": round(seconds, 6), "accepted": accepted}
+        try:
+            with open(self._decision_log, "a") as f:
+                f.write(json.dumps(line) + "\n")
+        except OSError as exc:
+            logger.warning("rhyme: cannot write the decision log %s: %s", self._decision_log, exc)
+            self._decision_log = None
 
     def _widths_vary(self, batch) -> bool:
         """Whether this step may take any width (else the largest: GPU overlap scheduling

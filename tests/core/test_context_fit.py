@@ -138,3 +138,24 @@ def test_context_free_steps_read_as_before():
         m.observe_step(4, PLAIN, 0.2, contexts=[1, 2])
     with pytest.raises(ValueError, match="one context"):
         m.choose_width(4, {2: 1.0}, contexts=[1])
+
+
+def test_decisions_say_why_and_what_they_expect():
+    """The decision log's fields (RHYME_DECISION_LOG): the reason of each choice and the
+    expected drafts and seconds of the chosen step."""
+    m = SpecCostModel(widths=(2,), reexplore_every=10_000)
+    ctx = [300, 500]
+    gains = [[0.9, 0.8], [0.9, 0.8]]
+    assert m.choose_rows(2, gains, contexts=ctx) == (PLAIN, [0, 0])
+    assert m.last_reason == "baseline"
+    m.observe_step(2, PLAIN, 0.05, contexts=ctx)
+    width, counts = m.choose_rows(2, gains, contexts=ctx)
+    assert width == 2 and m.last_reason == "explore"
+    m.observe_step(2, 2, 0.06, rows=2 + sum(counts), contexts=ctx, lens=[c + 1 for c in counts])
+    width, counts = m.choose_rows(2, gains, contexts=ctx)
+    assert width == 2 and m.last_reason == "best"
+    gain, seconds = m.predict(2, gains, counts, ctx)
+    assert gain == pytest.approx(sum(sum(g[:c]) for g, c in zip(gains, counts)))
+    # the explore step ran one row in 0.06 s against 0.05 s plain: 0.01 s a row
+    assert seconds == pytest.approx(0.05 + 0.01 * sum(counts))
+    assert m.predict(2, gains, [0, 0], ctx) == (0.0, pytest.approx(0.05))
