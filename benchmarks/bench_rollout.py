@@ -70,6 +70,10 @@ MODES = {
     # for the whole batch (each request padded to it) instead of per-request widths
     "rhyme_batch_width": {"speculative_algorithm": "RHYME", "speculative_num_draft_tokens": 17,
                           "rhyme_ragged": False},
+    # not in the default --modes: RHYME scoring steps by batch tokens per second, without the
+    # critical-path horizon (core/horizon.py)
+    "rhyme_no_horizon": {"speculative_algorithm": "RHYME", "speculative_num_draft_tokens": 17,
+                         "rhyme_horizon": False},
 }
 # the small version: 3 chain_sum + 1 gsm_symbolic prompt x 4 samples (the long tail is the gsm
 # group). Measured on a 2-core avx2 CPU, fp32: 24 min at 4+2 prompts and a 384-token cap, 11:50

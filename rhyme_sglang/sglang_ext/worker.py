@@ -201,7 +201,7 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
             counts = [width if g else 0 for g in gains] if width else [0] * bs
         gain, estimate = self.cost.predict(bs, gains, counts, contexts)
         _, plain = self.cost.predict(bs, gains, [0] * bs, contexts)
-        line = {"bs": bs, "width": width, "rows": bs + int(sum(counts)),
+        line = {"pid": os.getpid(), "bs": bs, "width": width, "rows": bs + int(sum(counts)),
                 "reason": self.cost.last_reason if drafts is not None else "rest",
                 "keys": int(sum(contexts)), "expected": round(gain, 4),
                 "estimate_s": estimate, "plain_estimate_s": plain,

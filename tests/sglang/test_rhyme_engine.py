@@ -92,15 +92,18 @@ def test_adaptive_mixes_plain_and_verify_steps_losslessly(tiny, baseline, tiny_m
     assert stats["cost_model"]["seconds_per_request_step"]
 
 
-def test_cost_model_starts_from_the_last_engines_step_costs(tiny, engines, baseline):
+def test_cost_model_starts_from_the_last_engines_step_costs(tiny, engines, baseline,
+                                                           monkeypatch, tmp_path):
     """An engine's measured step costs are saved when it shuts down; the next engine of the
     same model, dtype and threads starts with them (tests/conftest.py gives this process its
-    own file) and stays lossless."""
+    own file) and stays lossless. That engine also writes the decision log."""
     engine = tiny("tiny-rhyme-adaptive")
     _greedy_epochs(engine, baseline, 2)
     measured = engine.rhyme_stats()["cost_model"]["seconds_per_request_step"]
     assert measured
     engines.close("tiny-rhyme-adaptive")  # shutdown flushes the table
+    log = tmp_path / "decisions.jsonl"
+    monkeypatch.setenv("RHYME_DECISION_LOG", str(log))
     warm = tiny("tiny-rhyme-adaptive", rhyme_memory_mb=256)  # another engine, same cost key
     stats = warm.rhyme_stats()
     assert stats["cost_model"]["seeded_cells"] == sum(len(cells) for cells in measured.values())
@@ -108,6 +111,19 @@ def test_cost_model_starts_from_the_last_engines_step_costs(tiny, engines, basel
     assert flat(stats["cost_model"]["seconds_per_request_step"]) == pytest.approx(flat(measured))
     _assert_greedy_matches(
         warm.generate(input_ids=PROMPTS, sampling_params=GREEDY, return_logprob=True), baseline)
+    import json
+
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    assert len(lines) >= GREEDY["max_new_tokens"] // 8  # one per decode step
+    reasons = {"best", "explore", "reexplore", "close_call", "baseline", "rest"}
+    for line in lines:
+        assert line["reason"] in reasons and line["bs"] >= 1 and line["seconds"] > 0
+        assert line["keys"] >= line["bs"]  # every request's context
+        if line["width"]:
+            assert 0 <= line["accepted"] <= line["rows"] - line["bs"]
+            assert line["estimate_s"] is None or line["estimate_s"] > 0
+        else:
+            assert line["accepted"] == 0 and line["rows"] == line["bs"]
 
 
 def _assert_logprobs_match_model(model_path, prompts, outputs):
