@@ -127,9 +127,17 @@ def test_zero_advantage_samples_are_skipped_with_the_same_update(old_logprobs):
         assert sb["forward_tokens"] == sum(len(s["response_ids"]) for s in batch
                                            if s["advantage"] != 0.0)
         assert sa["loss"] == pytest.approx(sb["loss"], rel=1e-4, abs=1e-6)
+        # AdamW divides by the gradient's own scale, so where a gradient is as small as the
+        # rounding of a differently shaped forward, the two updates may differ by up to ~lr:
+        # on an AVX-512 Xeon (stop 44) 1-3 of 404,864 weights moved 2-2.5e-5 apart. Every
+        # weight within a tenth of lr, all but 1e-4 of them within 1e-5.
+        far = total = 0
         for (name, pa), (_, pb) in zip(full.model.named_parameters(),
                                        lean.model.named_parameters()):
-            assert torch.allclose(pa, pb, atol=1e-5), (step, name)
+            diff = (pa - pb).abs()
+            assert diff.max().item() < 1e-4, (step, name, diff.max().item())
+            far, total = far + int((diff > 1e-5).sum()), total + diff.numel()
+        assert far <= 1e-4 * total, (step, far, total)
     # the momentum moved the weights on the all-zero step too, in both
     assert sa["optimizer_steps"] == 2
 
