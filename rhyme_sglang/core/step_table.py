@@ -339,6 +339,7 @@ class StepCostTable:
 
     def as_dict(self, candidates) -> dict:
         buckets = sorted({b for b, _ in self._cell})
+        contexts = self.contexts()
         return {
             "seconds_per_request_step": {  # at each bucket's batch size, context-free
                 str(b): {str(w): self.step_time(b, w) / b for w in candidates if (b, w) in self._cell}
@@ -346,6 +347,12 @@ class StepCostTable:
             },
             "plain_seconds_by_batch_size": {str(b): self._plain[b][0] for b in self._plain_sizes},
             "context": self.context.as_dict(),
+            # context tokens per request and per draft row of each cell's steps (EMAs)
+            "measured_at_context": {
+                str(b): {str(w): [round(x, 1) for x in contexts[(b, w)]]
+                         for w in candidates if (b, w) in contexts}
+                for b in buckets
+            },
             "measured_at_batch_size": {
                 str(b): {str(w): self._cell[(b, w)][1] for w in candidates if (b, w) in self._cell}
                 for b in buckets

@@ -159,3 +159,7 @@ def test_decisions_say_why_and_what_they_expect():
     # the explore step ran one row in 0.06 s against 0.05 s plain: 0.01 s a row
     assert seconds == pytest.approx(0.05 + 0.01 * sum(counts))
     assert m.predict(2, gains, [0, 0], ctx) == (0.0, pytest.approx(0.05))
+    stats = m.as_dict()  # /rhyme/stats: where each cell was measured, and the fit
+    assert stats["measured_at_context"]["2"]["0"] == [400.0, 0.0]
+    assert stats["measured_at_context"]["2"]["2"][0] == 400.0
+    assert stats["context"]["innovations"] >= 1
