@@ -155,16 +155,12 @@ class SpecCostModel:
         (``rows``: the forward's tokens, for a ragged verify; :meth:`StepCostTable.observe`).
         ``contexts``: each request's context tokens (unknown: the step counts as
         context-free); ``lens``: each request's forward rows in a ragged verify."""
-        keys, row_keys = 0.0, 0.0
-        if contexts is not None:
-            if len(contexts) != batch_size or (lens is not None and len(lens) != batch_size):
-                raise ValueError(f"need one context (and len) per request ({batch_size}), got "
-                                 f"{len(contexts)} and {None if lens is None else len(lens)}")
-            keys = float(sum(contexts))
-            if lens is not None:
-                row_keys = float(sum((n - 1) * c for n, c in zip(lens, contexts)))
-            else:
-                row_keys = width * keys
+        keys = _keys(contexts, batch_size)
+        row_keys = width * keys
+        if contexts is not None and lens is not None:
+            if len(lens) != batch_size:
+                raise ValueError(f"need one len per request ({batch_size}), got {len(lens)}")
+            row_keys = float(sum((n - 1) * c for n, c in zip(lens, contexts)))
         self.steps.observe(batch_size, width, seconds, rows, now=self._decisions, keys=keys,
                            row_keys=row_keys)
 
@@ -389,10 +385,8 @@ class SpecCostModel:
         rows = int(sum(counts))
         if rows == 0:
             return 0.0, self.estimate(batch_size, PLAIN, keys)
-        c_rows = self.context_coefficients()[1] if contexts is not None else 0.0
         row_keys = float(sum(c * x for c, x in zip(counts, contexts))) if contexts is not None else 0.0
-        seconds = self.steps.rows_times(batch_size, rows, keys)[-1]
-        return gain, None if seconds is None else seconds + c_rows * row_keys
+        return gain, self.steps.step_time_rows(batch_size, rows, keys, row_keys)
 
     def _estimated_and_known(self, batch_size: int, rates: Mapping[int, float]):
         """``(estimated, known)``: the widths of ``rates`` whose cell at this batch size has a
