@@ -6,15 +6,25 @@ One run, one machine, one policy trajectory for every mode:
    short chain_sum answers, long gsm_symbolic reasoning up to ``--max-new-tokens``), ``--group``
    samples each, temperature 1.0, all submitted at once as a synchronous RL step does. After
    every epoch one real GRPO step (``rl_driver.trainer.Trainer``, rewards from the task's scorer)
-   makes the next policy checkpoint. Vanilla's epochs are timed as they are generated.
-2. **Timed modes.** For epochs >= ``--timed-from`` each other mode starts a fresh engine that
-   gets the history of earlier epochs without generating it (outputs are distributed alike in
-   every mode): RHYME modes import the trajectory's responses and rewards of epochs
-   < ``--timed-from`` (``rhyme_import_history``); NGRAM's n-gram trie is seeded with the same
-   responses (``Engine.ngram_seed``: the windows its online path would have inserted had it
-   served them), where it used to generate epoch ``--timed-from - 1`` untimed (10-13 min of
-   the default's wall). Then each timed epoch loads that epoch's checkpoint and
-   generates all requests at once. ``rhyme`` chooses with the cost model, per step, which
+   makes the next policy checkpoint (its epochs' timings are kept as ``"trajectory"``).
+2. **Timed modes, interleaved.** Epochs >= ``--timed-from`` are timed again for every mode,
+   vanilla included, one fresh engine per (mode, epoch), in an order that alternates: the
+   modes in ``--modes`` order for the first timed epoch, reversed for the next, and so on
+   (``--repeats`` R times each epoch; ``schedule``). The machine's speed drifts (stop 44, a
+   2-core AMX Xeon: vanilla's same-token epoch 2 took 60.9, 89.0 and 80.7 s in three runs
+   within two hours) and a fixed order let the later RHYME mode win by 12-30% (runs 31 and
+   32); an alternating order gives every mode the same mean position, and vanilla is no
+   longer timed only at the start, where the trajectory times it (its timings stay in the
+   report under ``"trajectory"``). Each engine gets the history of epochs < its epoch without
+   generating it (outputs are distributed alike in every mode): RHYME modes import the
+   trajectory's responses and rewards (``rhyme_import_history``); NGRAM's n-gram trie is
+   seeded with the same responses (``Engine.ngram_seed``: the windows its online path would
+   have inserted had it served them). Each RHYME mode keeps its own saved step costs
+   (``$RHYME_STEP_COSTS`` in the work directory) across its epochs, as one long-lived engine
+   would, and every RHYME mode's first run starts from the same copy of this machine's saved
+   table, so no mode starts warmer than another. Then the engine loads that epoch's
+   checkpoint and generates all requests at once. ``rhyme`` chooses with the cost model,
+   per step, which
    draft nodes of which requests to verify (per-request widths up to 16, plain when none
    pays); ``rhyme_fixed`` verifies every request's drafts up to 8 tokens (no cost model);
    ``rhyme_batch_width`` (not in the default ``--modes``) is ``rhyme`` with one width per
@@ -30,7 +40,7 @@ One run, one machine, one policy trajectory for every mode:
    tau (tokens per decode step of a request), decode steps by kind and the scheduler's time
    breakdown (``Engine.rhyme_breakdown``: prefill, decode by kind, draft lookups, result
    processing, scheduling, idle). ``speedup_vs_vanilla`` is the makespan ratio summed over
-   epochs >= ``--timed-from``.
+   epochs >= ``--timed-from`` (each epoch's makespan the mean of its ``--repeats``).
 
 ``--ordering`` adds the FCFS vs longest-predicted-first experiment (``benchmarks.bench_ordering``;
 ``--ordering-only`` runs just that). ``--quick`` is a small version (``QUICK``; sized for 10 minutes
@@ -39,10 +49,13 @@ on a 2-core CPU).
     python -m benchmarks.bench_rollout [--quick] [--json OUT]
 
 JSON: ``{"modes": {NAME: {...}}, "speedup_vs_vanilla": {...}, "per_epoch": {NAME: [...]},
-"breakdown": {NAME: [...]}, "requests": {NAME: [...]}, "wall_s": {"trajectory", NAME..., "total"}}``
-(``wall_s``: the benchmark's own wall time by part: the trajectory with its GRPO steps, each
-timed mode with its engine start and history); ``requests`` lists each timed
-request's (epoch, prompt_id, sample, length, latency) for the rollout simulator.
+"breakdown": {NAME: [...]}, "requests": {NAME: [...]}, "runs": [...], "trajectory": {...},
+"wall_s": {"trajectory", NAME..., "total"}}`` (``per_epoch`` / ``breakdown`` hold one entry
+per timed run, with its ``round``; ``runs`` lists the timed runs in the order they ran;
+``trajectory`` holds the trajectory's own per-epoch figures and trace; ``wall_s``: the
+benchmark's own wall time by part: the trajectory with its GRPO steps, each mode's runs with
+their engine starts and history); ``requests`` lists each timed request's (epoch, prompt_id,
+sample, length, latency) for the rollout simulator (first round).
 """
 
 from __future__ import annotations
@@ -74,12 +87,17 @@ MODES = {
     # critical-path horizon (core/horizon.py)
     "rhyme_no_horizon": {"speculative_algorithm": "RHYME", "speculative_num_draft_tokens": 17,
                          "rhyme_horizon": False},
+    # not in the default --modes: RHYME without each request's own acceptance evidence (the
+    # shared calibration alone, as before stop 45)
+    "rhyme_shared_calibration": {"speculative_algorithm": "RHYME",
+                                 "speculative_num_draft_tokens": 17,
+                                 "rhyme_request_calibration": False},
 }
 # the small version: 3 chain_sum + 1 gsm_symbolic prompt x 4 samples (the long tail is the gsm
 # group). Measured on a 2-core avx2 CPU, fp32: 24 min at 4+2 prompts and a 384-token cap, 11:50
 # at 3+1 and 256 tokens (each epoch's makespan is its longest answer, up to the cap); so 192:
 # 11:08-11:09 with the trainer padding every response, 7:52 with packed responses (stop 15).
-QUICK = {"prompts": "3,1", "group": 4, "epochs": 3, "max_new_tokens": 192}
+QUICK = {"prompts": "3,1", "group": 4, "epochs": 3, "max_new_tokens": 192, "repeats": 2}
 
 
 def build_prompts(model_path: str, counts, datasets: list[str], seed: int):
@@ -174,17 +192,21 @@ def _same_tokens(results, vanilla) -> float:
     return sum(r["ids"] == ref.get((r["prompt"].prompt_id, r["sample"])) for r in results) / len(results)
 
 
-def _record_epoch(engine, name, epoch, results, makespan, rewards, report, **extra) -> dict:
+def _record_epoch(engine, name, epoch, results, makespan, rewards, report, round_=0,
+                  **extra) -> dict:
+    """One timed epoch of ``name`` (``"trajectory"``: the trajectory's own): its figures,
+    breakdown, and (first round only) its requests and trace."""
     stats = dict(_epoch_stats(results, makespan, rewards), **extra)
     breakdown = engine.rhyme_breakdown(reset=True)
     stats["decode_steps"] = {k: v["steps"] for k, v in breakdown["decode"].items()}
-    report["per_epoch"].setdefault(name, []).append(dict(stats, epoch=epoch))
-    report["breakdown"].setdefault(name, []).append(dict(breakdown, epoch=epoch))
-    report["requests"].setdefault(name, []).extend(
-        {"epoch": epoch, "prompt_id": r["prompt"].prompt_id, "sample": r["sample"],
-         "length": len(r["ids"]), "latency_s": r["latency"]} for r in results)
-    _TRACES.setdefault(name, []).extend(_trace_records(epoch, results, rewards))
-    logger.info("%s epoch %d: %s", name, epoch,
+    report["per_epoch"].setdefault(name, []).append(dict(stats, epoch=epoch, round=round_))
+    report["breakdown"].setdefault(name, []).append(dict(breakdown, epoch=epoch, round=round_))
+    if round_ == 0:
+        report["requests"].setdefault(name, []).extend(
+            {"epoch": epoch, "prompt_id": r["prompt"].prompt_id, "sample": r["sample"],
+             "length": len(r["ids"]), "latency_s": r["latency"]} for r in results)
+        _TRACES.setdefault(name, []).extend(_trace_records(epoch, results, rewards))
+    logger.info("%s epoch %d round %d: %s", name, epoch, round_,
                 json.dumps({k: round(v, 3) for k, v in stats.items() if isinstance(v, float)}))
     return stats
 
@@ -206,18 +228,22 @@ def _trace_records(epoch, results, rewards) -> list:
 
 
 def _write_traces(json_path, report) -> None:
-    """Each mode's responses as a trace next to the JSON (other modes: with the trajectory's
-    epochs they imported as history), named in ``report["modes"][m]["trace"]``."""
+    """Each mode's responses as a trace next to the JSON, with the trajectory's epochs it
+    got as history, named in ``report["modes"][m]["trace"]``; the trajectory's own in
+    ``report["trajectory"]["trace"]``."""
     from rhyme_sglang.core import write_trace
 
     if not json_path:
         return
     base = Path(json_path)
+    history = [r for r in _TRACES.get("trajectory", []) if r.epoch < report["timed_from"]]
     for name, records in _TRACES.items():
-        if name != "vanilla":  # with the trajectory's epochs it got as history
-            records = [r for r in _TRACES["vanilla"] if r.epoch < report["timed_from"]] + records
         path = base.with_name(f"{base.stem}.{name}.trace.jsonl.gz")
-        write_trace(str(path), records)
+        if name == "trajectory":
+            write_trace(str(path), records)
+            report["trajectory"]["trace"] = path.name
+            continue
+        write_trace(str(path), history + records)
         report["modes"].setdefault(name, {})["trace"] = path.name
 
 
@@ -241,7 +267,7 @@ def trajectory(model_path, dtype, prompts, tok, args, report) -> tuple:
             engine.rhyme_breakdown(reset=True)  # the window is this epoch's rollout alone
             results, makespan = _generate_epoch(engine, prompts, args, epoch)
             rewards = score(results, tok, reasoning_gym_reward)
-            _record_epoch(engine, "vanilla", epoch, results, makespan, rewards, report)
+            _record_epoch(engine, "trajectory", epoch, results, makespan, rewards, report)
             trace.append([(r["prompt"], r["sample"], r["ids"], x) for r, x in zip(results, rewards)])
             if epoch + 1 < args.epochs:
                 t0 = time.perf_counter()
@@ -273,51 +299,95 @@ def _import_history(engine, trace, before_epoch: int) -> int:
     return sum(engine.rhyme_import_history(state)["added"] for state in states)
 
 
-def timed_mode(name, model_path, dtype, prompts, tok, args, checkpoints, trace, report) -> None:
-    """Epochs >= --timed-from of one mode, with history of the earlier epochs."""
+def schedule(modes, first: int, epochs: int, repeats: int = 1) -> list:
+    """The timed runs in the order they run: ``[(epoch, round, mode), ...]``. Each epoch's
+    rounds run back to back; the modes run in ``modes`` order in even slots and reversed in
+    odd ones (slot = the round's index over all epochs), so with drift that is linear in time
+    every mode's mean position is the same over any two consecutive slots."""
+    if repeats < 1 or not modes or not 0 <= first < epochs:
+        raise ValueError(f"need repeats >= 1, modes and 0 <= first < epochs, got {repeats}, "
+                         f"{modes!r}, {first}, {epochs}")
+    out, slot = [], 0
+    for epoch in range(first, epochs):
+        for round_ in range(repeats):
+            order = list(modes) if slot % 2 == 0 else list(reversed(modes))
+            out += [(epoch, round_, m) for m in order]
+            slot += 1
+    return out
+
+
+def _step_cost_files(modes, workdir) -> dict:
+    """``{mode: file}``: each RHYME mode's own saved step costs, all copied from this
+    machine's saved table (when there is one) so that no mode starts warmer than another."""
+    import shutil
+
+    from rhyme_sglang.sglang_ext.step_costs import cache_path
+
+    folder = Path(workdir) / "step_costs"
+    folder.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for name in modes:
+        if name.startswith("rhyme"):
+            out[name] = folder / f"{name}.json"
+            if cache_path().is_file():
+                shutil.copyfile(cache_path(), out[name])
+    return out
+
+
+def timed_run(name, epoch, round_, model_path, dtype, prompts, tok, args, checkpoints, trace,
+              report, step_costs=None) -> dict:
+    """One timed epoch of one mode on a fresh engine with the history of earlier epochs."""
     from rhyme_sglang import Engine
     from rl_driver.rewards import reasoning_gym_reward
 
-    first = args.timed_from
+    if step_costs is not None:  # the engine's scheduler reads it when it starts
+        os.environ["RHYME_STEP_COSTS"] = str(step_costs)
     engine = Engine(model_path=model_path, dtype=dtype, log_level="error",
                     max_running_requests=args.max_running,
                     max_total_tokens=args.max_total_tokens, **MODES[name])
     try:
         if name.startswith("rhyme"):
-            added = _import_history(engine, trace, first)
-            logger.info("%s: imported %d history responses of epochs < %d", name, added, first)
+            added = _import_history(engine, trace, epoch)
+            logger.info("%s: imported %d history responses of epochs < %d", name, added, epoch)
         elif name == "ngram":  # its trie gets what it would have learned serving them
-            info = engine.ngram_seed((prompt.token_ids, ids) for epoch in range(first)
-                                     for prompt, _, ids, _ in trace[epoch])
+            info = engine.ngram_seed((prompt.token_ids, ids) for e in range(epoch)
+                                     for prompt, _, ids, _ in trace[e])
             logger.info("ngram: seeded its trie with %d responses of epochs < %d (%d windows)",
-                        info["sequences"], first, info["windows"])
-        for epoch in range(first, args.epochs):
-            _load(engine, checkpoints[epoch])
-            engine.rhyme_breakdown(reset=True)
-            results, makespan = _generate_epoch(engine, prompts, args, epoch)
-            rewards = score(results, tok, reasoning_gym_reward)
-            _record_epoch(engine, name, epoch, results, makespan, rewards, report,
-                          same_tokens_as_vanilla=_same_tokens(results, trace[epoch]))
-            if name.startswith("rhyme"):
-                engine.rhyme_set_rewards([{"rid": r["meta"]["id"], "reward": x}
-                                          for r, x in zip(results, rewards)])
+                        info["sequences"], epoch, info["windows"])
+        _load(engine, checkpoints[epoch])
+        engine.rhyme_breakdown(reset=True)
+        results, makespan = _generate_epoch(engine, prompts, args, epoch)
+        rewards = score(results, tok, reasoning_gym_reward)
+        stats = _record_epoch(engine, name, epoch, results, makespan, rewards, report, round_,
+                              same_tokens_as_vanilla=_same_tokens(results, trace[epoch]))
         if name.startswith("rhyme"):
             report["modes"].setdefault(name, {})["rhyme_stats"] = {
                 k: v for k, v in engine.rhyme_stats().items() if k != "breakdown"}
+        return stats
     finally:
         engine.shutdown()
+        os.environ.pop("RHYME_STEP_COSTS", None)
 
 
-def _mode_summary(epochs: list) -> dict:
-    tokens = sum(e["output_tokens"] for e in epochs)
-    time_s = sum(e["makespan_s"] for e in epochs)
+def _mode_summary(runs: list) -> dict:
+    """A mode's timed runs summed over epochs, each epoch the mean of its rounds."""
+    by_epoch = {}
+    for r in runs:
+        by_epoch.setdefault(r["epoch"], []).append(r)
+
+    def total(key):
+        return sum(statistics.mean(r[key] for r in rs) for rs in by_epoch.values())
+
+    tokens, time_s = total("output_tokens"), total("makespan_s")
     return {"makespan_s": time_s, "output_tokens": tokens, "tokens_per_s": tokens / time_s,
-            "t90_s": sum(e["t90_s"] for e in epochs),
-            "tau": statistics.mean(e["tau"] for e in epochs),
-            "mean_reward": statistics.mean(e["mean_reward"] for e in epochs),
-            "same_tokens_as_vanilla": statistics.mean(e.get("same_tokens_as_vanilla", 1.0)
-                                                      for e in epochs),
-            "epochs": [e["epoch"] for e in epochs]}
+            "t90_s": total("t90_s"),
+            "makespan_by_round": {str(e): [r["makespan_s"] for r in rs]
+                                  for e, rs in sorted(by_epoch.items())},
+            "tau": statistics.mean(r["tau"] for r in runs),
+            "mean_reward": statistics.mean(r["mean_reward"] for r in runs),
+            "same_tokens_as_vanilla": statistics.mean(r.get("same_tokens_as_vanilla", 1.0)
+                                                      for r in runs),
+            "epochs": sorted(by_epoch)}
 
 
 def _ordering(model_path, dtype, checkpoint, args) -> dict:
@@ -347,6 +417,8 @@ def main(argv=None) -> int:
                              "longest prompt plus --max-new-tokens, so the batch is --max-running "
                              "and not the pool (SGLang reserves KV for max_new_tokens at admission)")
     parser.add_argument("--modes", default="vanilla,ngram,rhyme,rhyme_fixed")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="timed runs of every mode per timed epoch (alternating order)")
     parser.add_argument("--ordering", action="store_true", help="also run the ordering experiment")
     parser.add_argument("--ordering-datasets", default="chain_sum,gsm_symbolic",
                         help="datasets of the ordering run's prompt mix (their lengths differ)")
@@ -389,20 +461,22 @@ def main(argv=None) -> int:
     args.workdir = args.workdir or tempfile.mkdtemp(prefix="bench-rollout-")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = sorted(set(modes) - set(MODES))
-    if unknown or not modes or modes[0] != "vanilla":
-        raise ValueError(f"--modes must start with vanilla (it makes the policy trajectory) and "
-                         f"name known modes {sorted(MODES)}, got {args.modes!r}")
+    if unknown or "vanilla" not in modes or len(set(modes)) != len(modes):
+        raise ValueError(f"--modes must name vanilla (the speedups' base) and other known modes "
+                         f"{sorted(MODES)}, each once, got {args.modes!r}")
     if not 1 <= args.timed_from < args.epochs:
         raise ValueError(f"--timed-from must be in [1, --epochs), got {args.timed_from}")
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     report = {"model": args.model, "dtype": dtype, "cpu_flags": cpu_flags(),
               "prompts": args.prompts, "datasets": args.datasets, "group": args.group,
-              "epochs": args.epochs, "timed_from": args.timed_from,
+              "epochs": args.epochs, "timed_from": args.timed_from, "repeats": args.repeats,
               "max_new_tokens": args.max_new_tokens,
               "config": {"num_engines": 1, "max_running_requests": args.max_running,
                          "num_draft_tokens": {m: MODES[m].get("speculative_num_draft_tokens")
                                               for m in modes}},
-              "modes": {}, "per_epoch": {},
-              "breakdown": {}, "requests": {}}
+              "modes": {}, "per_epoch": {}, "breakdown": {}, "requests": {}, "runs": [],
+              "trajectory": {}}
     if args.ordering_only:
         report["ordering"] = _ordering(model_path, dtype, model_path, args)
         o = report["ordering"]
@@ -424,15 +498,21 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     checkpoints, trace = trajectory(model_path, dtype, prompts, tok, args, report)
     wall["trajectory"] = time.perf_counter() - start
+    report["trajectory"]["per_epoch"] = report["per_epoch"].pop("trajectory")
+    report["trajectory"]["breakdown"] = report["breakdown"].pop("trajectory")
+    report["trajectory"]["requests"] = report["requests"].pop("trajectory")
     write_json(args.json, report)
-    for name in modes[1:]:
+    step_costs = _step_cost_files(modes, args.workdir)
+    for epoch, round_, name in schedule(modes, args.timed_from, args.epochs, args.repeats):
         t0 = time.perf_counter()
-        timed_mode(name, model_path, dtype, prompts, tok, args, checkpoints, trace, report)
-        wall[name] = time.perf_counter() - t0
+        stats = timed_run(name, epoch, round_, model_path, dtype, prompts, tok, args,
+                          checkpoints, trace, report, step_costs.get(name))
+        wall[name] = wall.get(name, 0.0) + time.perf_counter() - t0
+        report["runs"].append({"epoch": epoch, "round": round_, "mode": name,
+                               "started_s": t0 - start, "makespan_s": stats["makespan_s"]})
         write_json(args.json, report)  # partial results survive an interrupted run
-    for name, epochs in report["per_epoch"].items():
-        timed = [e for e in epochs if e["epoch"] >= args.timed_from]
-        report["modes"].setdefault(name, {}).update(_mode_summary(timed))
+    report["modes"] = {name: dict(report["modes"].get(name, {}),
+                                  **_mode_summary(report["per_epoch"][name])) for name in modes}
     base = report["modes"]["vanilla"]["makespan_s"]
     report["speedup_vs_vanilla"] = {m: base / r["makespan_s"] for m, r in report["modes"].items()
                                     if m != "vanilla"}
@@ -442,8 +522,11 @@ def main(argv=None) -> int:
     wall["total"] = time.perf_counter() - start
     line = f"bench_rollout {args.model} ({dtype}, {' '.join(report['cpu_flags'])}): " + ", ".join(
         f"{m} {r['makespan_s']:.1f}s {r['tokens_per_s']:.0f} tok/s tau {r['tau']:.2f}"
-        + ("" if m == "vanilla" else f" same tokens {100 * r['same_tokens_as_vanilla']:.0f}%")
+        f" same tokens {100 * r['same_tokens_as_vanilla']:.0f}%"
         for m, r in report["modes"].items())
+    line += " | trajectory (vanilla, timed first) %.1fs" % sum(
+        e["makespan_s"] for e in report["trajectory"]["per_epoch"]
+        if e["epoch"] >= args.timed_from)
     line += " | speedup vs vanilla (epochs >= %d): " % args.timed_from + ", ".join(
         f"{m} x{v:.2f}" for m, v in report["speedup_vs_vanilla"].items())
     line += " | wall " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in wall.items())

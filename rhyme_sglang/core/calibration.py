@@ -7,6 +7,15 @@ exponentially weighted sums of both, overall and per level of one request's pred
 overall one while that level has few verifies. The cost model reads its expected gains
 through it.
 
+:class:`RequestEvidence` corrects one request on top of that: its own recent verifies, what
+they accepted against what the calibration expected of them, fading with the tokens it
+generates since. The shared calibration is fed by every request of every batch, so in a
+rollout's tail (a few long requests left) its sums are those of the full batches that ran
+before; stop 44's decision logs (bench_rollout, SmolLM2 fp32) read 51 expected against 17
+accepted drafts over 134 batch-2 verifies: the long answers that make the tail (temperature
+1.0 text that had left anything in their history) accepted a third of what the batches
+before them had.
+
 Standard library only.
 """
 
@@ -83,3 +92,45 @@ class AcceptanceCalibration:
         """``{level: factor at its middle}`` for each level verified so far."""
         return {_level_name(k): round(self.calibrated(_level_mid(k)) / _level_mid(k), 4)
                 for k in sorted(self._levels)}
+
+
+_REQUEST_LOWEST, _REQUEST_HIGHEST = 0.05, 4.0  # the request factor's bounds
+
+
+@dataclass
+class RequestEvidence:
+    """One request's verifies: accepted drafts and what the calibration expected of them, both
+    multiplied by ``fade`` per token it generated since (its recent text is what predicts its
+    next drafts). :meth:`factor` scales the calibration's expectation for this request: 1
+    with no evidence, ``prior`` expected tokens' worth of "as calibrated" pulling it there."""
+
+    prior: float = 1.0
+    fade: float = 0.97  # per generated token (half-life ~23 tokens)
+    expected: float = 0.0
+    accepted: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.prior <= 0 or not 0.0 < self.fade <= 1.0:
+            raise ValueError(f"need prior > 0 and fade in (0, 1], got {self.prior}, {self.fade}")
+
+    def advance(self, tokens: int) -> None:
+        """The request generated ``tokens`` more tokens (plain steps, or a verify's)."""
+        if tokens < 0:
+            raise ValueError(f"tokens must be >= 0, got {tokens}")
+        keep = self.fade ** tokens
+        self.expected *= keep
+        self.accepted *= keep
+
+    def observe(self, expected: float, accepted: int, tokens: int) -> None:
+        """A verify that the calibration expected to accept ``expected`` drafts accepted
+        ``accepted`` and emitted ``tokens`` tokens (older evidence fades by them first)."""
+        if expected < 0 or accepted < 0:
+            raise ValueError(f"need expected >= 0 and accepted >= 0, got {expected}, {accepted}")
+        self.advance(tokens)
+        self.expected += expected
+        self.accepted += accepted
+
+    def factor(self) -> float:
+        """Accepted over expected drafts, shrunk toward 1 by ``prior``, within [0.05, 4]."""
+        ratio = (self.accepted + self.prior) / (self.expected + self.prior)
+        return min(max(ratio, _REQUEST_LOWEST), _REQUEST_HIGHEST)

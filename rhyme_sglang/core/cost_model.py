@@ -209,27 +209,32 @@ class SpecCostModel:
         ``predicted`` accepted, calibrated by its prediction level."""
         return self._calibration.calibrated(predicted)
 
-    def batch_expected(self, per_request) -> Dict[int, float]:
+    def batch_expected(self, per_request, factors: Optional[Sequence[float]] = None
+                       ) -> Dict[int, float]:
         """``{width: the batch's calibrated expected accepted drafts}`` from each request's
-        ``{width: predicted}`` (:func:`rhyme_sglang.core.draft.expected_accepts`); pass it to
+        ``{width: predicted}`` (:func:`rhyme_sglang.core.draft.expected_accepts`), each
+        request's times its ``factors[i]`` when given (its own evidence); pass it to
         :meth:`choose_width` with ``calibrated=True``."""
         out = {w: 0.0 for w in self.widths}
-        for request in per_request:
+        for i, request in enumerate(per_request):
+            factor = 1.0 if factors is None else factors[i]
             for w, predicted in request.items():
                 if w in out:
-                    out[w] += self.calibrated(predicted)
+                    out[w] += self.calibrated(predicted) * factor
         return out
 
-    def critical_expected(self, per_request, horizon: Horizon) -> Dict[int, float]:
+    def critical_expected(self, per_request, horizon: Horizon,
+                          factors: Optional[Sequence[float]] = None) -> Dict[int, float]:
         """``{width: calibrated expected accepted drafts}``, the mean over ``horizon``'s
-        critical requests (``per_request`` as for :meth:`batch_expected`, a sequence in batch
-        order); pass it to :meth:`choose_width` as ``critical``."""
+        critical requests (``per_request`` and ``factors`` as for :meth:`batch_expected`,
+        sequences in batch order); pass it to :meth:`choose_width` as ``critical``."""
         critical = horizon.critical()
         out = {w: 0.0 for w in self.widths}
         for i in critical:
+            factor = 1.0 if factors is None else factors[i]
             for w, predicted in per_request[i].items():
                 if w in out:
-                    out[w] += self.calibrated(predicted) / len(critical)
+                    out[w] += self.calibrated(predicted) * factor / len(critical)
         return out
 
     # ------------------------------------------------------------------ decision

@@ -52,6 +52,10 @@ class RhymeConfig:
       rollout's critical path (the longest predicted remainder, the waiting queue's
       predicted tokens; :class:`rhyme_sglang.core.horizon.Horizon`); off = batch
       tokens per second.
+    * ``request_calibration``: scale each request's expected acceptance by what its own
+      recent verifies accepted against what the shared calibration expected
+      (:class:`rhyme_sglang.core.calibration.RequestEvidence`); off = the shared calibration
+      alone.
     * ``cycle_widths``: diagnostic/test mode: decode steps walk through plain and every
       width in an order that makes every switch between two of them (lossless tests); with
       ``ragged``, every other step gives the requests different node counts, 0 included.
@@ -74,6 +78,7 @@ class RhymeConfig:
     group_prefill: bool = True
     cost_cache: bool = True
     horizon: bool = True
+    request_calibration: bool = True
 
     def __post_init__(self) -> None:
         if self.widths is not None:

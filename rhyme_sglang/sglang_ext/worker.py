@@ -25,7 +25,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -35,6 +35,7 @@ from sglang.srt.speculative.ngram_worker import NGRAMWorker
 from rhyme_sglang.core import DraftStore, group_leaders, lpt_group_order, prompt_key
 from rhyme_sglang.core.ordering import MIN_SHARED
 from rhyme_sglang.core.breakdown import decode_kind
+from rhyme_sglang.core.calibration import RequestEvidence
 from rhyme_sglang.core.cost_model import PLAIN, SpecCostModel, check_widths, default_widths
 from rhyme_sglang.core.draft_rest import DraftRest
 from rhyme_sglang.core.horizon import Horizon, remaining_tokens
@@ -57,6 +58,8 @@ class _Tracked:
     synced: int = 0  # output tokens already given to the store
     proposed: Optional[int] = None  # real draft tokens of the last verify step
     predicted: float = 0.0  # the store's expected accepted drafts for that step
+    expected: float = 0.0  # the calibration's for that step
+    evidence: RequestEvidence = field(default_factory=RequestEvidence)  # its own verifies
     last: Optional[int] = None  # overlap mode: the last accepted token, not yet in output_ids
 
 
@@ -196,7 +199,8 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         accepted = 0
         if width and getattr(result, "accept_lens", None) is not None:
             accepted = int(result.accept_lens.sum().item()) - bs
-        gains = [self._gains(d) for d in drafts] if drafts is not None else [[] for _ in range(bs)]
+        gains = [self._gains(d, r) for d, r in zip(drafts, batch.reqs)] \
+            if drafts is not None else [[] for _ in range(bs)]
         if counts is None:
             counts = [width if g else 0 for g in gains] if width else [0] * bs
         gain, estimate = self.cost.predict(bs, gains, counts, contexts)
@@ -248,11 +252,13 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
             return width, [(i + self._cycle_step) % (width + 1) for i in range(len(drafts))]
         horizon = self._horizon(batch) if self.config.horizon else None
         if self.ragged:
-            return self.cost.choose_rows(len(batch.reqs), [self._gains(d) for d in drafts],
-                                         horizon, contexts)
+            gains = [self._gains(d, r) for d, r in zip(drafts, batch.reqs)]
+            return self.cost.choose_rows(len(batch.reqs), gains, horizon, contexts)
         per_request = [expected_accepts(d, self.widths) for d in drafts]
-        critical = None if horizon is None else self.cost.critical_expected(per_request, horizon)
-        expected = self.cost.batch_expected(per_request)
+        factors = [self._evidence_factor(r) for r in batch.reqs]
+        critical = None if horizon is None else \
+            self.cost.critical_expected(per_request, horizon, factors)
+        expected = self.cost.batch_expected(per_request, factors)
         return self.cost.choose_width(len(batch.reqs), expected, calibrated=True,
                                       horizon=horizon, critical=critical,
                                       contexts=contexts), None
@@ -276,14 +282,23 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         return remaining_tokens(self.store.predict_length(self._prompt_key_of(req)),
                                 len(req.output_ids))
 
-    def _gains(self, draft) -> list:
-        """Calibrated expected acceptance of each draft node, in best-first order."""
+    def _gains(self, draft, req) -> list:
+        """Calibrated expected acceptance of each draft node of ``req``, in best-first order:
+        the shared calibration's, times the request's own evidence (:meth:`_evidence_factor`)."""
         probs = [draft.probs[i] for i in best_first_order(draft)]
         predicted = sum(probs)
         if predicted <= 0:
             return []
-        scale = self.cost.calibrated(predicted) / predicted
+        scale = self.cost.calibrated(predicted) / predicted * self._evidence_factor(req)
         return [p * scale for p in probs]
+
+    def _evidence_factor(self, req) -> float:
+        """What ``req``'s own recent verifies accepted over what the calibration expected
+        (:class:`RequestEvidence`; 1 with ``request_calibration`` off or no evidence yet)."""
+        if not self.config.request_calibration:
+            return 1.0
+        tracked = self._tracked.get(req.rid)
+        return 1.0 if tracked is None else tracked.evidence.factor()
 
     # ------------------------------------------------------------ draft source
     def _prepare_draft_tokens(self, batch):
@@ -342,6 +357,7 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
                 tokens[i], masks[i], real = draft_to_tree(last, draft.token_ids, draft.parents, n)
                 tracked.proposed = real
                 tracked.predicted = float(sum(draft.probs[:real]))
+                tracked.expected = self.cost.calibrated(tracked.predicted)
                 lens[i] = real + 1
         if not (self.ragged if ragged is None else ragged):
             return tokens.reshape(-1), masks.reshape(-1), None
@@ -371,7 +387,10 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
             self.store.record_acceptance(req.rid, tracked.proposed, accepted)
             self.stats.record(self.store.epoch, tracked.proposed, len(new))
             self.cost.observe_acceptance(tracked.predicted, accepted)
+            tracked.evidence.observe(tracked.expected, accepted, len(new))
             tracked.proposed = None
+        else:
+            tracked.evidence.advance(len(new))
         tracked.synced = base + len(extra)
 
     # --------------------------------------------------------- request lifecycle

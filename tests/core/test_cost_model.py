@@ -247,6 +247,49 @@ def test_calibration_per_prediction_level():
     assert set(m.as_dict()["calibration_by_prediction"]) == {"0.25-0.5", "2-4"}
 
 
+def test_request_evidence_discounts_a_request_whose_verifies_fail():
+    """A long answer that left its history: the shared calibration still expects what the
+    batch accepted; the request's own failed verifies bring its factor down, plain steps
+    fade that evidence, and a request accepting more than expected is raised (bounded)."""
+    from rhyme_sglang.core.calibration import RequestEvidence
+
+    ev = RequestEvidence()
+    assert ev.factor() == 1.0
+    for _ in range(6):
+        ev.observe(expected=0.5, accepted=0, tokens=1)
+    assert ev.factor() < 0.3
+    low = ev.factor()
+    ev.advance(23)  # ~ one half-life of plain tokens
+    assert low < ev.factor() < 0.6
+    ev.advance(400)
+    assert ev.factor() == pytest.approx(1.0, abs=0.01)
+    good = RequestEvidence()
+    for _ in range(5):
+        good.observe(expected=1.0, accepted=4, tokens=5)
+    assert 2.0 < good.factor() <= 4.0
+    for _ in range(50):
+        good.observe(expected=0.1, accepted=8, tokens=9)
+    assert good.factor() == 4.0
+    for bad in (dict(prior=0.0), dict(fade=0.0), dict(fade=1.5)):
+        with pytest.raises(ValueError):
+            RequestEvidence(**bad)
+    with pytest.raises(ValueError):
+        ev.observe(expected=-1.0, accepted=0, tokens=1)
+    with pytest.raises(ValueError):
+        ev.advance(-1)
+
+
+def test_request_factors_scale_batch_and_critical_expectations():
+    m = SpecCostModel(widths=(2, 4))
+    per_request = [{2: 1.0, 4: 1.5}, {2: 1.0, 4: 1.5}]
+    plain = m.batch_expected(per_request)
+    scaled = m.batch_expected(per_request, [1.0, 0.1])
+    assert scaled[4] == pytest.approx(plain[4] * 0.55)
+    horizon = Horizon((100.0, 10.0))  # request 0 alone is critical
+    assert m.critical_expected(per_request, horizon, [0.5, 1.0])[2] == \
+        pytest.approx(0.5 * m.critical_expected(per_request, horizon)[2])
+
+
 # ------------------------------------------------------------ per-request widths (ragged)
 def _ragged_model():
     """bs 8: plain 0.20 s; width 4 measured at 2 draft rows per request (16 drafts, 24 rows in
