@@ -167,12 +167,12 @@ def test_path_dependent_penalties_are_the_ones_a_tree_node_changes():
 def test_a_requests_failed_verifies_lower_its_expected_gains():
     """Each verify's accepted drafts against the calibration's expectation go to the request's
     evidence (``_sync``); its draft nodes' gains shrink with it, a sibling's do not, and
-    ``request_calibration=False`` turns it off."""
+    ``request_calibration=False`` (the default) turns it off."""
     from rhyme_sglang.core.draft import Draft
     from rhyme_sglang.sglang_ext.config import RhymeConfig
 
     worker = _worker()
-    worker.config = RhymeConfig()
+    worker.config = RhymeConfig(request_calibration=True)
     bad, good = _req("r0", [], 0), _req("r1", [], 0)
     out = {"r0": [], "r1": []}
     for req in (bad, good):
@@ -190,5 +190,5 @@ def test_a_requests_failed_verifies_lower_its_expected_gains():
     # the shared calibration learns from these verifies too (it feeds the expectation)
     assert worker._evidence_factor(bad) < 0.5 and after[0] < 0.5 * before[0]
     assert worker._evidence_factor(good) == 1.0
-    worker.config = RhymeConfig(request_calibration=False)
+    worker.config = RhymeConfig()
     assert worker._evidence_factor(bad) == 1.0

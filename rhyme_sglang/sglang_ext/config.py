@@ -54,8 +54,8 @@ class RhymeConfig:
       tokens per second.
     * ``request_calibration``: scale each request's expected acceptance by what its own
       recent verifies accepted against what the shared calibration expected
-      (:class:`rhyme_sglang.core.calibration.RequestEvidence`); off = the shared calibration
-      alone.
+      (:class:`rhyme_sglang.core.calibration.RequestEvidence`); off (the default: two
+      ``bench_rollout`` A/Bs in stop 45 measured no gain) = the shared calibration alone.
     * ``cycle_widths``: diagnostic/test mode: decode steps walk through plain and every
       width in an order that makes every switch between two of them (lossless tests); with
       ``ragged``, every other step gives the requests different node counts, 0 included.
@@ -78,7 +78,7 @@ class RhymeConfig:
     group_prefill: bool = True
     cost_cache: bool = True
     horizon: bool = True
-    request_calibration: bool = True
+    request_calibration: bool = False
 
     def __post_init__(self) -> None:
         if self.widths is not None:
