@@ -539,9 +539,27 @@ def _rows_time_direct(m, bs, extra):
     for (x0, y0), (x1, y1) in zip(points, points[1:]):
         if extra <= x1:
             break
+    (xa, ya), (xz, yz) = points[0], points[-1]
+    if extra > xz:  # past the last point: the last segment's slope, or the chord's if steeper
+        slope = (y1 - y0) / (x1 - x0) if x1 - x0 >= 1e-9 else 0.0
+        chord = (yz - ya) / (xz - xa) if xz - xa >= 1e-9 else 0.0
+        return max(yz + max(slope, chord) * (extra - xz), points[0][1], 1e-9)
     if x1 - x0 < 1e-9:
         return max(y1, 1e-9)
     return max(y0 + (y1 - y0) * (extra - x0) / (x1 - x0), points[0][1], 1e-9)
+
+
+def test_rows_past_the_last_cell_cost_at_least_the_average_row():
+    """Stop 45: cells measured with ~2 draft rows a step and a flat last segment priced 23
+    rows at batch 12 at 0.6 ms a row; past the last measured point a row now costs at least
+    the chord's (first point to last) average."""
+    m = SpecCostModel(widths=(8, 16), alpha=1.0)
+    m.observe_step(12, PLAIN, 0.057)
+    m.observe_step(12, 8, 0.063, rows=12 + 2)  # 2 rows: +6 ms, 3 ms a row
+    m.observe_step(12, 16, 0.0635, rows=12 + 3)  # 3 rows: the last segment +0.5 ms a row
+    assert m.step_time_rows(12, 3) == pytest.approx(0.0635)
+    assert m.step_time_rows(12, 23) == pytest.approx(0.0635 + 20 * (0.0065 / 3))
+    assert m.step_time_rows(12, 2) == pytest.approx(0.063)  # inside: interpolated as before
 
 
 def test_allocation_search_matches_the_direct_loops():
