@@ -340,6 +340,7 @@ def timed_run(name, epoch, round_, model_path, dtype, prompts, tok, args, checkp
     from rhyme_sglang import Engine
     from rl_driver.rewards import reasoning_gym_reward
 
+    before = os.environ.get("RHYME_STEP_COSTS")
     if step_costs is not None:  # the engine's scheduler reads it when it starts
         os.environ["RHYME_STEP_COSTS"] = str(step_costs)
     engine = Engine(model_path=model_path, dtype=dtype, log_level="error",
@@ -366,7 +367,10 @@ def timed_run(name, epoch, round_, model_path, dtype, prompts, tok, args, checkp
         return stats
     finally:
         engine.shutdown()
-        os.environ.pop("RHYME_STEP_COSTS", None)
+        if before is None:
+            os.environ.pop("RHYME_STEP_COSTS", None)
+        else:
+            os.environ["RHYME_STEP_COSTS"] = before
 
 
 def _mode_summary(runs: list) -> dict:
