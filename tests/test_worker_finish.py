@@ -8,12 +8,14 @@ from types import SimpleNamespace
 def _worker():
     from rhyme_sglang.core import DraftStore
     from rhyme_sglang.core.cost_model import SpecCostModel
+    from rhyme_sglang.sglang_ext.config import RhymeConfig
     from rhyme_sglang.sglang_ext.stats import SpecStats
     from rhyme_sglang.sglang_ext.worker import RhymeWorker
 
     worker = RhymeWorker.__new__(RhymeWorker)  # the history bookkeeping only, no sglang worker
     worker.lock, worker.store, worker.stats = threading.RLock(), DraftStore(), SpecStats()
     worker.cost, worker._tracked = SpecCostModel(widths=(1, 2, 4)), {}
+    worker.config = RhymeConfig()
     return worker
 
 
@@ -190,5 +192,10 @@ def test_a_requests_failed_verifies_lower_its_expected_gains():
     # the shared calibration learns from these verifies too (it feeds the expectation)
     assert worker._evidence_factor(bad) < 0.5 and after[0] < 0.5 * before[0]
     assert worker._evidence_factor(good) == 1.0
-    worker.config = RhymeConfig()
+    worker.config = RhymeConfig()  # off: the factor is 1 and the evidence is not kept
     assert worker._evidence_factor(bad) == 1.0
+    kept = worker._tracked["r0"].evidence.expected
+    worker._tracked["r0"].proposed, worker._tracked["r0"].predicted = 2, 1.7
+    out["r0"].append(1)
+    worker._sync(bad, out["r0"])
+    assert worker._tracked["r0"].evidence.expected == kept

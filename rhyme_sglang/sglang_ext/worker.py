@@ -58,8 +58,10 @@ class _Tracked:
     synced: int = 0  # output tokens already given to the store
     proposed: Optional[int] = None  # real draft tokens of the last verify step
     predicted: float = 0.0  # the store's expected accepted drafts for that step
-    expected: float = 0.0  # the calibration's for that step
-    evidence: RequestEvidence = field(default_factory=RequestEvidence)  # its own verifies
+    # with request_calibration: the calibration's expectation for that step, and the
+    # request's own verifies against it
+    expected: float = 0.0
+    evidence: RequestEvidence = field(default_factory=RequestEvidence)
     last: Optional[int] = None  # overlap mode: the last accepted token, not yet in output_ids
 
 
@@ -357,7 +359,8 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
                 tokens[i], masks[i], real = draft_to_tree(last, draft.token_ids, draft.parents, n)
                 tracked.proposed = real
                 tracked.predicted = float(sum(draft.probs[:real]))
-                tracked.expected = self.cost.calibrated(tracked.predicted)
+                if self.config.request_calibration:  # what its evidence is measured against
+                    tracked.expected = self.cost.calibrated(tracked.predicted)
                 lens[i] = real + 1
         if not (self.ragged if ragged is None else ragged):
             return tokens.reshape(-1), masks.reshape(-1), None
@@ -387,9 +390,10 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
             self.store.record_acceptance(req.rid, tracked.proposed, accepted)
             self.stats.record(self.store.epoch, tracked.proposed, len(new))
             self.cost.observe_acceptance(tracked.predicted, accepted)
-            tracked.evidence.observe(tracked.expected, accepted, len(new))
+            if self.config.request_calibration:
+                tracked.evidence.observe(tracked.expected, accepted, len(new))
             tracked.proposed = None
-        else:
+        elif self.config.request_calibration:
             tracked.evidence.advance(len(new))
         tracked.synced = base + len(extra)
 
