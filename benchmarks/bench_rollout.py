@@ -502,9 +502,8 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     checkpoints, trace = trajectory(model_path, dtype, prompts, tok, args, report)
     wall["trajectory"] = time.perf_counter() - start
-    report["trajectory"]["per_epoch"] = report["per_epoch"].pop("trajectory")
-    report["trajectory"]["breakdown"] = report["breakdown"].pop("trajectory")
-    report["trajectory"]["requests"] = report["requests"].pop("trajectory")
+    for key in ("per_epoch", "breakdown", "requests"):  # the trajectory's own, kept apart
+        report["trajectory"][key] = report[key].pop("trajectory")
     write_json(args.json, report)
     step_costs = _step_cost_files(modes, args.workdir)
     for epoch, round_, name in schedule(modes, args.timed_from, args.epochs, args.repeats):

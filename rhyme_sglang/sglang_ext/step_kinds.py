@@ -130,7 +130,7 @@ def padded_logits(worker, rows: int, like):
     vocab = like.shape[-1]
     if (buffer is None or buffer.shape[0] < rows or buffer.shape[1] != vocab
             or buffer.dtype != like.dtype or buffer.device != like.device):
-        size = rows if buffer is None or buffer.shape[1] != vocab else max(rows, buffer.shape[0])
+        size = rows if buffer is None else max(rows, buffer.shape[0])
         buffer = torch.zeros((size, vocab), dtype=like.dtype, device=like.device)
         worker._rhyme_padded_logits = buffer
     return buffer[:rows]
