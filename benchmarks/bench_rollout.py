@@ -70,7 +70,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import write_json
+from benchmarks.common import epoch_total, write_json
 
 logger = logging.getLogger("benchmarks.bench_rollout")
 MODES = {
@@ -379,12 +379,9 @@ def _mode_summary(runs: list) -> dict:
     for r in runs:
         by_epoch.setdefault(r["epoch"], []).append(r)
 
-    def total(key):
-        return sum(statistics.mean(r[key] for r in rs) for rs in by_epoch.values())
-
-    tokens, time_s = total("output_tokens"), total("makespan_s")
+    tokens, time_s = epoch_total(runs, "output_tokens"), epoch_total(runs, "makespan_s")
     return {"makespan_s": time_s, "output_tokens": tokens, "tokens_per_s": tokens / time_s,
-            "t90_s": total("t90_s"),
+            "t90_s": epoch_total(runs, "t90_s"),
             "makespan_by_round": {str(e): [r["makespan_s"] for r in rs]
                                   for e, rs in sorted(by_epoch.items())},
             "tau": statistics.mean(r["tau"] for r in runs),

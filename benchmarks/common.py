@@ -5,7 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 from pathlib import Path
+
+
+def epoch_total(runs, key: str) -> float:
+    """``runs``' ``key`` summed over epochs, each epoch the mean of its rounds (a
+    ``bench_rollout`` mode's makespan, tokens, ...; every run has an ``"epoch"``)."""
+    by_epoch: dict = {}
+    for r in runs:
+        by_epoch.setdefault(r["epoch"], []).append(r[key])
+    return sum(statistics.mean(v) for v in by_epoch.values())
 
 
 def write_json(path, report: dict) -> None:

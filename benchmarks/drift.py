@@ -24,7 +24,7 @@ import statistics
 from collections import defaultdict
 from typing import Dict, List
 
-from benchmarks.common import write_json
+from benchmarks.common import epoch_total, write_json
 
 
 def _plain_steps(breakdown: dict) -> List[tuple]:
@@ -51,7 +51,7 @@ def speed_factors(report: dict) -> Dict[str, List[dict]]:
         if not steps or own <= 0:
             continue
         factor = sum(median[bs] for bs, _ in steps) / own
-        makespan = makespans.get((mode, b["epoch"], b["round"]), b["window_s"])
+        makespan = makespans[(mode, b["epoch"], b["round"])]
         out.setdefault(mode, []).append({
             "epoch": b["epoch"], "round": b["round"], "makespan_s": makespan,
             "factor": factor, "levelled_s": makespan * factor})
@@ -64,13 +64,8 @@ def summary(report: dict) -> dict:
     factors = speed_factors(report)
     if "vanilla" not in factors:
         raise ValueError("the report has no vanilla runs with plain steps to level against")
-    totals = {}
-    for mode, rows in factors.items():
-        by_epoch = defaultdict(list)
-        for r in rows:
-            by_epoch[r["epoch"]].append(r)
-        totals[mode] = {key: sum(statistics.fmean(r[key] for r in rs) for rs in by_epoch.values())
-                        for key in ("makespan_s", "levelled_s")}
+    totals = {mode: {key: epoch_total(rows, key) for key in ("makespan_s", "levelled_s")}
+              for mode, rows in factors.items()}
     base = totals["vanilla"]
     return {mode: dict(t, raw_ratio=base["makespan_s"] / t["makespan_s"],
                        levelled_ratio=base["levelled_s"] / t["levelled_s"],
