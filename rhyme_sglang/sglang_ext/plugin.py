@@ -47,6 +47,9 @@ def finish_hook(result, scheduler, batch, *args, **kwargs):
 
 
 def stream_hook(streamer, reqs, *args, **kwargs):
+    from rhyme_sglang.sglang_ext import timeline
+
+    timeline.record_step()  # before a client can see the step's outputs
     worker = _worker()
     if worker is not None and reqs:
         worker.on_finished(reqs)

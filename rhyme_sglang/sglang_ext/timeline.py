@@ -75,18 +75,31 @@ def run_batch_hook(original, *args, **kwargs):
     return result
 
 
+def record_step() -> None:
+    """Record the decode step whose result is being processed, once: called before its
+    outputs are streamed (``plugin.stream_hook``), so a client that has its output and then
+    resets the breakdown never finds that step in the new window, and after the result's
+    processing for a step that streamed nothing."""
+    pending = _STEP.pop("result", None)  # set only while a result is being processed
+    if pending is None:
+        return
+    step = _STEP.pop("decode", None)
+    if step is not None:
+        batch, before = pending
+        BREAKDOWN.on_decode(step[0], step[1], step[2], step[3], _emitted(batch) - before,
+                            rows=step[4])
+
+
 def result_hook(original, *args, **kwargs):
     scheduler, batch = args[0], args[1] if len(args) > 1 else kwargs.get("batch")
-    before = _emitted(batch) if batch is not None else 0
+    if batch is not None:
+        _STEP["result"] = (batch, _emitted(batch))
     start = time.perf_counter()
     result = original(*args, **kwargs)
     end = time.perf_counter()
     if batch is None:
         return result
-    step = _STEP.pop("decode", None)
-    if step is not None:
-        BREAKDOWN.on_decode(step[0], step[1], step[2], step[3], _emitted(batch) - before,
-                            rows=step[4])
+    record_step()
     busy = any(not req.finished() for req in batch.reqs) or bool(
         getattr(scheduler, "waiting_queue", None))
     BREAKDOWN.on_step_end(end - start, busy, end)
