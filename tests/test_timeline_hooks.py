@@ -3,18 +3,9 @@
 from types import SimpleNamespace
 
 
-class _Mode:
-    def __init__(self, kind):
-        self.kind = kind
-
-    def is_extend(self):
-        return self.kind == "extend"
-
-    def is_mixed(self):
-        return False
-
-    def is_decode(self):
-        return self.kind == "decode"
+def _decode_mode():
+    """A decode batch's ``forward_mode``, as the hooks ask it."""
+    return SimpleNamespace(is_extend=lambda: False, is_mixed=lambda: False, is_decode=lambda: True)
 
 
 def test_a_decode_step_is_in_the_breakdown_before_its_outputs_stream_and_only_once():
@@ -25,7 +16,7 @@ def test_a_decode_step_is_in_the_breakdown_before_its_outputs_stream_and_only_on
 
     timeline.breakdown(reset=True)
     req = SimpleNamespace(output_ids=[1, 2], finished=lambda: False)
-    batch = SimpleNamespace(forward_mode=_Mode("decode"), reqs=[req], extend_num_tokens=0)
+    batch = SimpleNamespace(forward_mode=_decode_mode(), reqs=[req], extend_num_tokens=0)
     scheduler = SimpleNamespace(spec_algorithm=None, server_args=None, waiting_queue=[])
     timeline.run_batch_hook(lambda *a, **k: "ran", scheduler, batch)
     seen = {}
@@ -47,7 +38,7 @@ def test_a_stream_outside_result_processing_leaves_the_pending_step():
 
     timeline.breakdown(reset=True)
     req = SimpleNamespace(output_ids=[1], finished=lambda: True)
-    batch = SimpleNamespace(forward_mode=_Mode("decode"), reqs=[req], extend_num_tokens=0)
+    batch = SimpleNamespace(forward_mode=_decode_mode(), reqs=[req], extend_num_tokens=0)
     scheduler = SimpleNamespace(spec_algorithm=None, server_args=None, waiting_queue=[])
     timeline.run_batch_hook(lambda *a, **k: None, scheduler, batch)
     plugin.stream_hook(None, [])
