@@ -1,32 +1,56 @@
-"""``dtype: auto`` and the thread rules: the measured choice, the injected probe, explicit wins."""
+"""``dtype: auto`` and the thread rules: the engines' choice by the decode probe, the trainer's by
+the GEMM probe, injected probes, explicit wins."""
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 
 import pytest
 import torch
 
 from rhyme_sglang import machine
 from rhyme_sglang.launch_server import pop_cpu_threads, prepare_argv
-from rhyme_sglang.machine import GemmProbe, choose_dtype
+from rhyme_sglang.machine import DecodeProbe, GemmProbe, choose_dtype, choose_train_dtype
 
 SLOW_BF16 = GemmProbe(float32=50.0, bfloat16=5.5, source="injected")  # AVX2 only
 FAST_BF16 = GemmProbe(float32=50.0, bfloat16=400.0, source="injected")  # AMX
+# the issue's machine class (avx512_bf16, no AMX): large bf16 products 2.5x faster...
+WIDE_BF16 = GemmProbe(float32=76.8, bfloat16=189.1, source="injected")
+# ...and its decode steps without a native bf16 step, or with one that streams half the bytes
+NO_NATIVE_BF16 = DecodeProbe((1e-3, 1.4e-3, 1.6e-3), (), "injected")
+SLOWER_BF16_STEPS = DecodeProbe((1e-3, 1.4e-3, 1.6e-3), (0.9e-3, 1.6e-3, 2.0e-3), "injected")
+FASTER_BF16_STEPS = DecodeProbe((1e-3, 1.4e-3, 1.6e-3), (0.5e-3, 0.8e-3, 1.7e-3), "injected")
 
 
-def test_auto_follows_the_probe_and_explicit_wins():
-    assert choose_dtype("auto", SLOW_BF16, cuda=False) == "float32"
-    assert choose_dtype(None, SLOW_BF16, cuda=False) == "float32"
-    assert choose_dtype("auto", FAST_BF16, cuda=False) == "bfloat16"
+def test_engines_follow_the_decode_probe_and_explicit_wins():
+    assert choose_dtype("auto", NO_NATIVE_BF16, cuda=False) == "float32"
+    assert choose_dtype(None, NO_NATIVE_BF16, cuda=False) == "float32"
+    # faster at batch 1, slower at 8 and verify: the geometric mean decides
+    assert SLOWER_BF16_STEPS.bf16_over_fp32() == pytest.approx((0.9 * 1.6 / 1.4 * 2.0 / 1.6) ** (1 / 3))
+    assert choose_dtype("auto", SLOWER_BF16_STEPS, cuda=False) == "float32"
+    assert choose_dtype("auto", FASTER_BF16_STEPS, cuda=False) == "bfloat16"
+    assert math.isinf(NO_NATIVE_BF16.bf16_over_fp32())
     assert choose_dtype("auto", None, cuda=True) == "bfloat16"
     for explicit in ("float32", "bfloat16", "float16"):
-        assert choose_dtype(explicit, FAST_BF16, cuda=False) == explicit
-        assert choose_dtype(explicit, SLOW_BF16, cuda=True) == explicit
+        assert choose_dtype(explicit, FASTER_BF16_STEPS, cuda=False) == explicit
+        assert choose_dtype(explicit, NO_NATIVE_BF16, cuda=True) == explicit
     with pytest.raises(ValueError, match="int8"):
-        choose_dtype("int8", SLOW_BF16, cuda=False)
-    with pytest.raises(ValueError, match="probe"):
+        choose_dtype("int8", NO_NATIVE_BF16, cuda=False)
+    with pytest.raises(ValueError, match="decode probe"):
         choose_dtype("auto", None, cuda=False)
+
+
+def test_trainer_follows_the_gemm_probe():
+    """Training is compute-bound: large products decide, whatever the decode steps say."""
+    assert choose_train_dtype("auto", SLOW_BF16, cuda=False) == "float32"
+    assert choose_train_dtype("auto", FAST_BF16, cuda=False) == "bfloat16"
+    assert choose_train_dtype("auto", WIDE_BF16, cuda=False) == "bfloat16"
+    assert choose_train_dtype(None, None, cuda=True) == "bfloat16"
+    assert choose_train_dtype("float32", FAST_BF16, cuda=False) == "float32"
+    with pytest.raises(ValueError, match="GEMM probe"):
+        choose_train_dtype("auto", None, cuda=False)
 
 
 def test_probe_injection_and_its_errors():
@@ -35,9 +59,14 @@ def test_probe_injection_and_its_errors():
     for bad in ("float32=40", "fp32=40,bfloat16=4", "float32=x,bfloat16=4", "float32=-1,bfloat16=4"):
         with pytest.raises(ValueError, match="RHYME_GEMM_PROBE"):
             machine.parse_probe(bad)
+    decode = machine.decode_probe(env={machine.DECODE_PROBE_ENV: "float32=2,bfloat16=1"})
+    steps = len(machine.STEP_ROWS)
+    assert decode == DecodeProbe((2e-3,) * steps, (1e-3,) * steps, "injected")
+    with pytest.raises(ValueError, match="RHYME_DECODE_PROBE"):
+        machine.parse_decode_probe("float32=2")
 
 
-def test_probe_is_measured_once_then_cached(tmp_path):
+def test_gemm_probe_is_measured_once_then_cached(tmp_path):
     cache = tmp_path / "probe.json"
     measured = machine.gemm_probe(cache=cache, env={})
     assert measured.source == "measured" and measured.float32 > 0 and measured.bfloat16 > 0
@@ -50,18 +79,62 @@ def test_probe_is_measured_once_then_cached(tmp_path):
     assert machine.gemm_probe(cache=cache, env={}) == GemmProbe(9.0, 90.0, "cached")
 
 
+def test_decode_probe_is_cached_under_the_kernels_revision(monkeypatch, tmp_path):
+    """Measured once per machine, thread setting and kernel revision: a new revision (a kernel
+    change) measures again; a malformed entry too."""
+    from rhyme_sglang.cpu_backend import dtype_probe
+
+    calls = []
+
+    def fake_measure():
+        calls.append(dtype_probe.revision())
+        return DecodeProbe((1e-3, 2e-3, 3e-3), (5e-4, 1e-3, 4e-3), "measured")
+
+    monkeypatch.setattr(machine, "measure_decode_probe", fake_measure)
+    cache = tmp_path / "decode.json"
+    first = machine.decode_probe(cache=cache, env={})
+    assert first.source == "measured" and len(calls) == 1
+    assert machine.decode_probe(cache=cache, env={}) == first._replace(source="cached")
+    assert len(calls) == 1
+    key = machine.decode_probe_key()
+    assert dtype_probe.revision() in key and f"v{machine.DECODE_PROBE_VERSION}" in key
+    monkeypatch.setattr(dtype_probe, "revision", lambda: "native-r999")
+    assert machine.decode_probe(cache=cache, env={}).source == "measured" and len(calls) == 2
+    table = json.loads(cache.read_text())
+    table[machine.decode_probe_key()]["bfloat16"] = [1.0]  # another number of steps
+    cache.write_text(json.dumps(table))
+    assert machine.decode_probe(cache=cache, env={}).source == "measured" and len(calls) == 3
+    table = json.loads(cache.read_text())
+    table[machine.decode_probe_key()]["bfloat16"] = []  # no native bf16 step: kept as such
+    cache.write_text(json.dumps(table))
+    cached = machine.decode_probe(cache=cache, env={})
+    assert cached.bfloat16 == () and choose_dtype("auto", cached, cuda=False) == "float32"
+
+
+def test_decode_probe_measures_each_native_dtype(monkeypatch):
+    """A real (small) measurement: fp32 always; bf16 only where it decodes natively."""
+    from rhyme_sglang.cpu_backend import dtype_probe, linear
+
+    monkeypatch.setattr(linear, "_largest_cache_bytes", lambda: 1 << 20)
+    probe = machine.measure_decode_probe()
+    assert len(probe.float32) == len(machine.STEP_ROWS) and min(probe.float32) > 0
+    if dtype_probe.decodes_natively("bfloat16"):
+        assert len(probe.bfloat16) == len(machine.STEP_ROWS) and min(probe.bfloat16) > 0
+    else:
+        assert probe.bfloat16 == () and "no native bf16" in probe.describe()
+
+
 def _cpu_only():
-    import torch
-
     if torch.cuda.is_available():
-        pytest.skip("auto is bf16 with CUDA; the probe decides on CPU-only machines")
+        pytest.skip("auto is bf16 with CUDA; the probes decide on CPU-only machines")
 
 
-@pytest.mark.parametrize("probe, expected", [("float32=50,bfloat16=5", "float32"),
-                                             ("float32=50,bfloat16=400", "bfloat16")])
+@pytest.mark.parametrize("probe, expected", [("float32=1,bfloat16=2", "float32"),
+                                             ("float32=2,bfloat16=1", "bfloat16")])
 def test_resolve_dtype_and_launch_server_argv(monkeypatch, probe, expected):
     _cpu_only()
-    monkeypatch.setenv(machine.PROBE_ENV, probe)
+    monkeypatch.setenv(machine.DECODE_PROBE_ENV, probe)
+    monkeypatch.setenv(machine.PROBE_ENV, "float32=50,bfloat16=400")  # the trainer's: not the engines'
     assert machine.resolve_dtype("auto") == expected
     assert machine.resolve_dtype(None) == expected
     assert machine.resolve_dtype("float16") == "float16"
@@ -72,6 +145,21 @@ def test_resolve_dtype_and_launch_server_argv(monkeypatch, probe, expected):
     for given in (["--dtype", "float16"], ["--dtype=float16"]):
         argv = prepare_argv(["--model-path", "/m", *given], cpu_only=True)
         assert argv[argv.index("--dtype") + 1] == "float16" and "--dtype=float16" not in argv
+
+
+def test_both_decisions_are_logged_with_their_figures(monkeypatch, caplog):
+    _cpu_only()
+    monkeypatch.setenv(machine.DECODE_PROBE_ENV, "float32=1,bfloat16=2")
+    monkeypatch.setenv(machine.PROBE_ENV, "float32=76.8,bfloat16=189.1")
+    monkeypatch.setattr(machine, "_logged", set())
+    with caplog.at_level(logging.INFO, logger="rhyme_sglang.machine"):
+        assert machine.resolve_dtype() == "float32"
+        assert machine.resolve_train_dtype() == "bfloat16"
+        machine.resolve_dtype()  # logged once
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2
+    assert lines[0].startswith("engine dtype auto -> float32 (decode probe:") and "x2.00" in lines[0]
+    assert lines[1].startswith("trainer dtype auto -> bfloat16 (GEMM probe: fp32 76.8 GFLOP/s, bf16 189.1")
 
 
 def test_cpu_threads_flag_and_rules():

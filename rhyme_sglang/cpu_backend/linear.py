@@ -59,6 +59,11 @@ except ImportError:  # not built: oneDNN and F.linear only
     _native = None
 
 
+def native_bf16() -> bool:
+    """Whether the native kernel runs bf16 weights on this CPU (it needs avx512_bf16)."""
+    return _native is not None and hasattr(_native, "bf16") and _native.bf16()
+
+
 def generation() -> int:
     return _generation
 
@@ -122,7 +127,7 @@ def native_linear(x: torch.Tensor, panels: torch.Tensor, out_features: int,
     return y.view(*x.shape[:-1], out_features)
 
 
-def _best_times(kernels: dict, repeats: int, deadline: float) -> dict:
+def best_times(kernels: dict, repeats: int, deadline: float) -> dict:
     """Best time of each kernel over ``repeats`` rounds, the kernels taking turns within a
     round (so a drift of the machine's speed hits them alike)."""
     for fn in kernels.values():
@@ -157,6 +162,30 @@ def _copies(weight_bytes: int) -> int:
     return max(1, min(64, -(-2 * _largest_cache_bytes() // max(1, weight_bytes))))
 
 
+def streamed_kernels(weights: list[torch.Tensor]) -> dict:
+    """Each kernel (``KERNELS``) that can run ``weights`` (copies of one [out, in] weight), as a
+    function of x ([rows, in]) that runs it over every copy in turn: a pass that streams the
+    weights from memory, as a model step does."""
+    out_features = weights[0].shape[0]
+    kernels = {"plain": lambda x: [F.linear(x, w) for w in weights]}
+    onednn = [pack(w) for w in weights]
+    if onednn[0] is not None:
+        kernels["onednn"] = lambda x: [packed_linear(x, p, None) for p in onednn]
+    panels = [native_pack(w) for w in weights]
+    if panels[0] is not None:
+        kernels["native"] = lambda x: [native_linear(x, p, out_features, None) for p in panels]
+    return kernels
+
+
+def streamed_copies(out_features: int, in_features: int, dtype: torch.dtype,
+                    gen: torch.Generator) -> list[torch.Tensor]:
+    """Random [out, in] weights, enough copies (:func:`_copies`) that a pass over them reads
+    each from memory."""
+    count = _copies(out_features * in_features * torch.finfo(dtype).bits // 8)
+    weight = torch.randn(out_features, in_features, generator=gen).to(dtype)
+    return [weight] + [weight.clone() for _ in range(count - 1)]  # clones: a copy is faster than randn
+
+
 def measure_choice(out_features: int, in_features: int, dtype: torch.dtype,
                    repeats: int = 5, budget_s: float = 3.0) -> tuple[str, ...]:
     """Per bucket: the kernel (``KERNELS``) that ran fastest on this thread count (random
@@ -170,11 +199,8 @@ def measure_choice(out_features: int, in_features: int, dtype: torch.dtype,
     one-row products that run 1.5-1.7x faster on the native kernel inside the model.)
     """
     gen = torch.Generator().manual_seed(0)
-    weights = [torch.randn(out_features, in_features, generator=gen).to(dtype)
-               for _ in range(_copies(out_features * in_features * torch.finfo(dtype).bits // 8))]
-    onednn = [pack(w) for w in weights]
-    panels = [native_pack(w) for w in weights]
-    if onednn[0] is None and panels[0] is None:
+    kernels = streamed_kernels(streamed_copies(out_features, in_features, dtype, gen))
+    if set(kernels) == {"plain"}:
         return ("plain",) * len(BUCKETS)
     choice: list[str] = []
     deadline = time.perf_counter() + budget_s
@@ -183,12 +209,8 @@ def measure_choice(out_features: int, in_features: int, dtype: torch.dtype,
             choice.append(choice[-1])
             continue
         x = torch.randn(rows, in_features, generator=gen).to(dtype)
-        kernels = {"plain": lambda: [F.linear(x, w) for w in weights]}
-        if onednn[0] is not None:
-            kernels["onednn"] = lambda: [packed_linear(x, p, None) for p in onednn]
-        if panels[0] is not None:
-            kernels["native"] = lambda: [native_linear(x, p, out_features, None) for p in panels]
-        times = _best_times(kernels, repeats, deadline)
+        times = best_times({name: (lambda f=f: f(x)) for name, f in kernels.items()}, repeats,
+                           deadline)
         choice.append(min(times, key=times.get))
     return tuple(choice)
 

@@ -34,6 +34,11 @@ MODES = ("native", "python")
 _STACK_ATTR = "_rhyme_native_stack"
 
 
+def takes_bf16() -> bool:
+    """Whether the built decoder step runs bf16 models (weights, activations, K/V cache)."""
+    return _native is not None and getattr(_native, "BF16", False)
+
+
 def enabled(env: Optional[dict] = None) -> bool:
     return env_choice(MODE_ENV, MODES, "native", env) == "native" and _native is not None
 
