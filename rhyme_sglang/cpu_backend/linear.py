@@ -4,10 +4,11 @@ and row count.
 * ``plain``: ``F.linear`` (MKL in the PyPI wheel). It lays the weight out anew on every call;
   at the few-row products of decode and verify that costs more than the product on some CPUs.
 * ``onednn``: oneDNN with the weight packed once (fp32 or bf16).
-* ``native``: our fp32 kernel over a panel-packed weight (``_native/skinny_gemm.cpp``), built
-  for few rows: each panel is streamed once for all rows, and every output element is one
-  running sum over the inputs in order, so **a row's result does not depend on the other rows
-  of the call**: a decode row and the same token inside a verify tree get the same bits.
+* ``native``: our kernel over a panel-packed weight (``_native/skinny_gemm.cpp``; fp32, and
+  bf16 where the CPU has avx512_bf16, streaming half the bytes), built for few rows: each
+  panel is streamed once for all rows, and every output element is one running sum over the
+  inputs in order, so **a row's result does not depend on the other rows of the call**: a
+  decode row and the same token inside a verify tree get the same bits.
 
 Measured on an AMD EPYC with AVX2 only, one thread, SmolLM2-135M's linears (30 layers +
 lm_head, weights streamed from memory as in a model step), ms: 1 row 41.6 (oneDNN) / 30.7
@@ -21,12 +22,13 @@ up. Other CPUs differ, so nothing here is assumed:
 * a packed weight is a second copy (a third where some buckets pick oneDNN and others native).
   ``RHYME_CPU_LINEAR=plain`` turns the whole thing off, ``packed`` forces oneDNN where it can
   pack (bf16 needs avx512bw/vl/dq or avx_ne_convert), ``native`` forces ours where it applies
-  (fp32, the module built), ``auto`` (default) measures.
+  (fp32, or bf16 with avx512_bf16; the module built), ``auto`` (default) measures.
 * packs follow the weights: every sglang weight update (disk, tensor, distributed, IPC) bumps
   ``generation()``, and a layer repacks on its next call (see :func:`weights_changed`).
 
-Numerics: every kernel accumulates in fp32; results differ between kernels by float rounding
-(~1e-5 relative), as ``F.linear``'s own results already differ between row counts.
+Numerics: every kernel accumulates in fp32 (bf16 products round the sum to bf16 once); results
+differ between kernels by float rounding (~1e-5 relative before that last rounding), as
+``F.linear``'s own results already differ between row counts.
 """
 
 from __future__ import annotations
@@ -100,31 +102,49 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Te
 
 
 def native_pack(weight: torch.Tensor) -> Optional[torch.Tensor]:
-    """``weight`` ([out, in], fp32) in the native kernel's panels, or None where it cannot run."""
-    if (_native is None or weight.dtype != torch.float32 or weight.device.type != "cpu"
-            or weight.dim() != 2 or weight.numel() == 0):
+    """``weight`` ([out, in]) in the native kernel's panels, or None where it cannot run: fp32,
+    or bf16 with an even ``in`` on a CPU with avx512_bf16 (:func:`native_bf16`)."""
+    if (_native is None or weight.device.type != "cpu" or weight.dim() != 2 or weight.numel() == 0):
         return None
     out_features, in_features = weight.shape
     width = _native.panel_width()
-    panels = torch.empty(-(-out_features // width) * width * in_features)
     src = weight.detach().contiguous()
-    _native.pack(src.data_ptr(), panels.data_ptr(), out_features, in_features)
+    if weight.dtype == torch.float32:
+        panels = torch.empty(-(-out_features // width) * width * in_features)
+        _native.pack(src.data_ptr(), panels.data_ptr(), out_features, in_features)
+        return panels
+    if weight.dtype != torch.bfloat16 or not native_bf16() or in_features % 2:
+        return None
+    # [out_pad / width][in / 2][width] words, each two bf16 of neighbouring inputs
+    panels = torch.empty(-(-out_features // width) * width * (in_features // 2), dtype=torch.int32)
+    _native.pack_bf16(src.data_ptr(), panels.data_ptr(), out_features, in_features)
     return panels
 
 
 def native_linear(x: torch.Tensor, panels: torch.Tensor, out_features: int,
                   bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """``x @ weight.T (+ bias)`` with the weight given by :func:`native_pack` (fp32, CPU)."""
+    """``x @ weight.T (+ bias)`` with the weight given by :func:`native_pack`, in ``x``'s dtype
+    (fp32, or bf16 with fp32 sums rounded once: :func:`bf16_twin`)."""
     in_features = x.shape[-1]
     rows = x.reshape(-1, in_features)
     if not rows.is_contiguous():
         rows = rows.contiguous()
     if bias is not None:
-        bias = bias.detach().contiguous()
-    y = torch.empty(rows.shape[0], out_features)
-    _native.gemm(rows.data_ptr(), panels.data_ptr(), 0 if bias is None else bias.data_ptr(),
-                 y.data_ptr(), rows.shape[0], out_features, in_features, kernel_threads())
+        bias = bias.detach().to(torch.float32).contiguous()
+    y = torch.empty(rows.shape[0], out_features, dtype=x.dtype)
+    gemm = _native.gemm_bf16 if x.dtype == torch.bfloat16 else _native.gemm
+    gemm(rows.data_ptr(), panels.data_ptr(), 0 if bias is None else bias.data_ptr(),
+         y.data_ptr(), rows.shape[0], out_features, in_features, kernel_threads())
     return y.view(*x.shape[:-1], out_features)
+
+
+def bf16_twin(x: torch.Tensor, weight: torch.Tensor,
+              bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """What the native bf16 product computes, in PyTorch: fp32 sums of the exact products of
+    bf16 ``x`` [..., in] and ``weight`` [out, in] (+ ``bias``), rounded once to bf16. (The
+    kernel adds in another order, so the two agree to fp32 rounding before the last one.)"""
+    out = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+    return out.to(torch.bfloat16)
 
 
 def best_times(kernels: dict, repeats: int, deadline: float) -> dict:

@@ -111,6 +111,74 @@ def test_native_row_does_not_depend_on_other_rows(monkeypatch, threads, in_featu
         assert torch.equal(linear.linear(layer, batch[i:i + 1], weight, bias)[0], together[i])
 
 
+HAS_NATIVE_BF16 = linear.native_bf16()
+needs_bf16 = pytest.mark.skipif(not HAS_NATIVE_BF16, reason="the native bf16 product needs avx512_bf16")
+
+
+@needs_bf16
+@pytest.mark.parametrize("rows", [1, 2, 7, 9, 13, 17, 25, 64])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_native_bf16_matches_its_twin(monkeypatch, rows, with_bias):
+    """bf16 weights and rows, fp32 sums rounded once to bf16: the pure-PyTorch twin's numbers
+    within bf16 rounding (the kernel adds in another order), as F.linear's own are."""
+    monkeypatch.setenv(linear.MODE_ENV, "native")
+    gen = torch.Generator().manual_seed(rows)
+    weight = torch.randn(100, 38, generator=gen).bfloat16()  # 100: not a whole panel
+    bias = torch.randn(100, generator=gen).bfloat16() if with_bias else None
+    x = torch.randn(rows, 38, generator=gen).bfloat16()
+    layer = _layer()
+    out = linear.linear(layer, x, weight, bias)
+    assert out.dtype == torch.bfloat16 and layer._rhyme_cpu_linear.packs.get("native") is not None
+    twin = linear.bf16_twin(x, weight, bias)
+    torch.testing.assert_close(out, twin)
+    torch.testing.assert_close(twin, F.linear(x, weight, bias))
+    # with small integers every sum is exact: the same bits as the twin
+    ints = torch.randint(-4, 5, (rows, 38), generator=gen).bfloat16()
+    assert torch.equal(linear.linear(layer, ints, weight.round(), None),
+                       linear.bf16_twin(ints, weight.round()))
+    strided = torch.randn(rows, 76, generator=gen).bfloat16()[:, ::2]
+    torch.testing.assert_close(linear.linear(layer, strided, weight, bias),
+                               linear.bf16_twin(strided, weight, bias))
+
+
+@needs_bf16
+@pytest.mark.parametrize("threads", [1, 2])
+def test_native_bf16_row_does_not_depend_on_other_rows(monkeypatch, threads):
+    from rhyme_sglang import machine
+
+    monkeypatch.setenv(linear.MODE_ENV, "native")
+    monkeypatch.setattr(machine, "_kernel_threads", threads)
+    gen = torch.Generator().manual_seed(8)
+    weight = torch.randn(200, 96, generator=gen).bfloat16()
+    bias = torch.randn(200, generator=gen).bfloat16()
+    layer = _layer()
+    batch = torch.randn(33, 96, generator=gen).bfloat16()
+    together = linear.linear(layer, batch, weight, bias)
+    for rows in (1, 2, 9, 17):
+        assert torch.equal(linear.linear(layer, batch[-rows:].contiguous(), weight, bias),
+                           together[-rows:]), rows
+
+
+def test_native_bf16_needs_an_even_width_and_the_cpu():
+    odd = torch.randn(16, 7).bfloat16()
+    assert linear.native_pack(odd) is None  # two inputs a 32-bit lane: oneDNN / F.linear run it
+    even = linear.native_pack(torch.randn(16, 8).bfloat16())
+    assert (even is not None) == HAS_NATIVE_BF16
+    if HAS_NATIVE_BF16:
+        assert even.dtype == torch.int32 and even.numel() == linear._native.panel_width() * 4
+
+
+def test_bf16_twin_rounds_the_fp32_sum_once():
+    """1 + 3 * 2^-9 rounds up to 1 + 2^-7 once; rounded after every add it would stay 1."""
+    x = torch.tensor([[1.0, 2.0 ** -9, 2.0 ** -9, 0.0]]).bfloat16()
+    w = torch.tensor([[1.0, 1.0, 1.0, 1.0], [0.0, 1.0, 1.0, 0.0]]).bfloat16()
+    bias = torch.tensor([2.0 ** -9, 0.0]).bfloat16()
+    assert linear.bf16_twin(x, w, bias).tolist() == [[1.0 + 2.0 ** -7, 2.0 ** -8]]
+    if HAS_NATIVE_BF16:
+        panels = linear.native_pack(w)
+        assert linear.native_linear(x, panels, 2, bias).tolist() == [[1.0 + 2.0 ** -7, 2.0 ** -8]]
+
+
 def _gemm_in_parts(threads):
     gen = torch.Generator().manual_seed(9)
     weight, x = torch.randn(300, 64, generator=gen), torch.randn(5, 64, generator=gen)

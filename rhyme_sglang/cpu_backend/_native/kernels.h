@@ -12,13 +12,16 @@
 
 namespace rhyme_kernels {
 
-constexpr int kVersion = 1;  // bumped when a signature below changes
+constexpr int kVersion = 2;  // bumped when a signature below changes
 
-// _rhyme_gemm: y[m, n] = x[m, k] @ w^T (+ bias), w panel-packed (skinny_gemm.cpp).
+// _rhyme_gemm: y[m, n] = x[m, k] @ w^T (+ bias), w panel-packed (skinny_gemm.cpp); gemm_bf16
+// with bf16 x, w and y (fp32 bias; AVX512_BF16 only).
 struct Gemm {
     int version;
     void (*gemm)(const float* x, const float* panels, const float* bias, float* y, int64_t m,
                  int64_t n, int64_t k, int64_t threads);
+    void (*gemm_bf16)(const uint16_t* x, const uint32_t* panels, const float* bias, uint16_t* y,
+                      int64_t m, int64_t n, int64_t k, int64_t threads);
 };
 
 // _rhyme_ops: RMSNorm (with the residual add), rotary embedding, SiLU-and-mul (small_ops.cpp).
