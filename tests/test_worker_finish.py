@@ -170,7 +170,6 @@ def test_a_requests_failed_verifies_lower_its_expected_gains():
     """Each verify's accepted drafts against the calibration's expectation go to the request's
     evidence (``_sync``); its draft nodes' gains shrink with it, a sibling's do not, and
     ``request_calibration=False`` (the default) turns it off."""
-    from rhyme_sglang.core.draft import Draft
     from rhyme_sglang.sglang_ext.config import RhymeConfig
 
     worker = _worker()
@@ -179,8 +178,8 @@ def test_a_requests_failed_verifies_lower_its_expected_gains():
     out = {"r0": [], "r1": []}
     for req in (bad, good):
         worker._sync(req, out[req.rid])
-    draft = Draft([3, 4], [-1, 0], [0.9, 0.8])
-    before = worker._gains(draft, bad)
+    probs = [0.9, 0.8]  # a chain's path probabilities, best first
+    before = worker._gains(probs, bad)
     for _ in range(5):  # r0's verifies of 2 drafts accept none; r1's plain steps
         worker._tracked["r0"].proposed, worker._tracked["r0"].predicted = 2, 1.7
         worker._tracked["r0"].expected = worker.cost.calibrated(1.7)
@@ -188,7 +187,7 @@ def test_a_requests_failed_verifies_lower_its_expected_gains():
         out["r1"].append(1)
         for req in (bad, good):
             worker._sync(req, out[req.rid])
-    after = worker._gains(draft, bad)
+    after = worker._gains(probs, bad)
     # the shared calibration learns from these verifies too (it feeds the expectation)
     assert worker._evidence_factor(bad) < 0.5 and after[0] < 0.5 * before[0]
     assert worker._evidence_factor(good) == 1.0

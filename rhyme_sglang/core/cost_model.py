@@ -29,6 +29,15 @@ cell and its verify cells; each cell also keeps (as an EMA) the tokens its steps
 so a cell stands for the ragged steps it measured. Its cell is the smallest width that holds
 the step's largest request.
 
+Probes: the decision learns only from the verifies it runs, so in each batch bucket a verify
+is run whenever ``probe_every`` decode steps of that bucket (rested steps included:
+:meth:`SpecCostModel.tick`) passed without one while some request's drafts are predicted, at
+face value (``raw``: before calibration), to accept at least ``probe_tokens``: the verify
+with the best face-value rate, even where the measured costs say it loses (a cost cell can
+be wrong too, and the probe re-measures it). At most one step in ``probe_every`` of a bucket
+is a probe; on a perfect history the probes' accepted drafts lift the calibration until the
+decision verifies again (tests/core/test_speculation_recovers.py states the bound).
+
 A step's useful tokens can be capped by the rollout's critical path (a
 :class:`rhyme_sglang.core.horizon.Horizon`, optional; see that module).
 
@@ -65,7 +74,7 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from rhyme_sglang.core.calibration import AcceptanceCalibration
+from rhyme_sglang.core.calibration import PRIOR_VERIFIES, AcceptanceCalibration
 from rhyme_sglang.core.horizon import Horizon
 from rhyme_sglang.core.node_search import DraftNodes, best_prefix
 from rhyme_sglang.core.step_table import PLAIN, StepCostTable, bucket_of
@@ -103,7 +112,9 @@ class SpecCostModel:
     margin: float = 1.0  # verify only when its rate beats margin * the plain rate
     explore_within: float = 0.5  # try an unmeasured cell if its estimate >= this * best rate
     calibration_decay: float = 0.02  # weight of one request's verify in the calibration's sums
-    calibration_prior: float = 1.0  # predicted tokens' worth of the overall calibration per level
+    calibration_prior: float = PRIOR_VERIFIES  # verifies' worth of each calibration factor's prior
+    probe_every: int = 32  # a bucket's decode steps without a verify before a probe (module docstring)
+    probe_tokens: float = 1.0  # ... when a request's drafts predict at least this many accepted
     max_jump: float = 2.0  # one measurement moves a cell by at most this factor
     baseline_near: float = 0.1  # plain measured within this fraction of a batch size (>= 1 request)
     close_call: float = 1.25  # a verify winning by less than this factor over plain ...
@@ -115,8 +126,10 @@ class SpecCostModel:
     # None: plain was chosen to measure it); the worker skips drafting after clear losses
     last_advantage: Optional[float] = None
     # why the last decision chose what it did: "best", "explore" (a cell not yet run here),
-    # "reexplore" (the stalest cell, every reexplore_every decisions), "close_call"
+    # "reexplore" (the stalest cell, every reexplore_every decisions), "close_call", "probe"
     last_reason: str = "best"
+    # bucket -> [decode steps of the bucket, that count at its last verify]
+    _probe_clock: Dict[int, list] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self.widths = check_widths(self.widths)
@@ -136,6 +149,8 @@ class SpecCostModel:
                              f"{self.close_call} and {self.close_refresh}")
         if not 0.0 <= self.baseline_near < 1.0:
             raise ValueError(f"baseline_near must be in [0, 1), got {self.baseline_near}")
+        if self.probe_every < 1:
+            raise ValueError(f"probe_every must be >= 1, got {self.probe_every}")
         self.steps = StepCostTable(self.widths, self.alpha, self.max_jump, self.baseline_near)
 
     @property
@@ -163,6 +178,34 @@ class SpecCostModel:
             row_keys = float(sum((n - 1) * c for n, c in zip(lens, contexts)))
         self.steps.observe(batch_size, width, seconds, rows, now=self._decisions, keys=keys,
                            row_keys=row_keys)
+        if width != PLAIN:
+            self.verified(batch_size)
+
+    # ------------------------------------------------------------------ probes
+    def tick(self, batch_size: int) -> None:
+        """Count a decode step of ``batch_size`` requests on the probe clock (every step:
+        :meth:`choose_rows` and :meth:`choose_width` call it, the caller calls it for a step
+        that did not ask them, e.g. one that skipped drafting)."""
+        self._probe_clock.setdefault(bucket_of(batch_size), [0, 0])[0] += 1
+
+    def verified(self, batch_size: int) -> None:
+        """A verify ran at ``batch_size``: its bucket's probe clock starts again."""
+        clock = self._probe_clock.setdefault(bucket_of(batch_size), [0, 0])
+        clock[1] = clock[0]
+
+    def probe_due(self, batch_size: int) -> bool:
+        """Whether ``probe_every`` decode steps of this bucket passed without a verify."""
+        steps, last = self._probe_clock.get(bucket_of(batch_size), (0, 0))
+        return steps - last >= self.probe_every
+
+    def forget_acceptance(self, keep: float = 0.5) -> None:
+        """The history changed (new epoch, imported history, new weights): keep ``keep`` of
+        the calibration's evidence (:meth:`AcceptanceCalibration.forget`)."""
+        self._calibration.forget(keep)
+
+    def calibration_at_bound(self):
+        """The prediction levels whose calibration sits at its floor."""
+        return self._calibration.at_bound()
 
     def seed(self, table: Mapping[Tuple[int, int], float],
              rows: Optional[Mapping[Tuple[int, int], float]] = None,
@@ -199,10 +242,13 @@ class SpecCostModel:
         (:meth:`StepCostTable.step_time_rows`)."""
         return self.steps.step_time_rows(batch_size, extra, keys, row_keys)
 
-    def observe_acceptance(self, predicted: float, accepted: int) -> None:
-        """Calibrate the store's acceptance estimate against one request's verify
-        (:class:`rhyme_sglang.core.calibration.AcceptanceCalibration`)."""
-        self._calibration.observe(predicted, accepted)
+    def observe_acceptance(self, predicted: float, accepted: int,
+                           level: Optional[float] = None) -> None:
+        """Calibrate the store's acceptance estimate against one request's verify: the
+        verified nodes' ``predicted`` accepted drafts, ``accepted`` taken, filed under the
+        prediction the decision was calibrated at (``level``: the whole draft's; default
+        ``predicted``; :class:`rhyme_sglang.core.calibration.AcceptanceCalibration`)."""
+        self._calibration.observe(predicted, accepted, level)
 
     def calibrated(self, predicted: float) -> float:
         """Expected accepted drafts of one request whose drafts the store predicts
@@ -259,7 +305,8 @@ class SpecCostModel:
     def choose_width(self, batch_size: int, expected: Mapping[int, float],
                      calibrated: bool = False, horizon: Optional[Horizon] = None,
                      critical: Optional[Mapping[int, float]] = None,
-                     contexts: Optional[Sequence[int]] = None) -> int:
+                     contexts: Optional[Sequence[int]] = None,
+                     raw: Optional[Mapping[int, float]] = None) -> int:
         """The width for one decode step: 0 (plain) or a verify width.
 
         ``expected[w]``: the batch's summed expected accepted draft tokens when each request
@@ -270,10 +317,12 @@ class SpecCostModel:
         mean expected accepted drafts, in the same form as ``expected`` (missing = none
         accepted; :meth:`critical_expected` gives the calibrated form). ``contexts``: each
         request's context tokens, which price the step's attention (unknown: its cells as
-        measured)."""
+        measured). ``raw``: ``expected`` at face value (the store's predictions, no
+        calibration), for probes (module docstring)."""
         if horizon is not None and len(horizon.remaining) != batch_size:
             raise ValueError(f"horizon has {len(horizon.remaining)} requests, batch has {batch_size}")
         self._decisions += 1
+        self.tick(batch_size)
         self.last_advantage, self.last_reason = 0.0, "best"
         useful = [w for w in self.widths if expected.get(w, 0.0) > 0.0]
         if not useful:
@@ -295,11 +344,19 @@ class SpecCostModel:
         scored = sorted(((r, w) for w, r in known.items() if r > self.margin * plain_rate),
                         reverse=True)
         ranking = [w for _, w in scored] + [PLAIN]
-        return self._maybe_reexplore(bucket, ranking[0], {PLAIN: plain_rate, **estimated})
+        choice = self._maybe_reexplore(bucket, ranking[0], {PLAIN: plain_rate, **estimated})
+        if (choice == PLAIN and self.last_reason == "best" and raw is not None
+                and max(raw.values(), default=0.0) >= self.probe_tokens
+                and self.probe_due(batch_size)):
+            face = self.rates(batch_size, raw, calibrated=True, keys=keys)  # no horizon
+            self.last_reason = "probe"
+            return max(self.widths, key=lambda w: face[w] or 0.0)
+        return choice
 
     def choose_rows(self, batch_size: int, gains: Sequence[Sequence[float]],
                     horizon: Optional[Horizon] = None,
-                    contexts: Optional[Sequence[int]] = None):
+                    contexts: Optional[Sequence[int]] = None,
+                    raw: Optional[Sequence[Sequence[float]]] = None):
         """Per-request verify widths for one decode step (a ragged verify): ``(width,
         counts)``, where ``counts[i]`` draft nodes of request ``i`` are verified (0: only its
         last token, as in a plain step) and ``width``, the step's cell, is the smallest of
@@ -318,8 +375,10 @@ class SpecCostModel:
         stalest other cell is run (the plain step, or the best allocation of that cell).
         ``contexts``: each request's context tokens; a draft row then costs the table's row
         plus its request's context times the fitted cost of a row's key (so the nodes of a
-        long request cost more than those of a short one)."""
+        long request cost more than those of a short one). ``raw``: ``gains`` at face value
+        (the store's path probabilities, no calibration), for probes (module docstring)."""
         self._decisions += 1
+        self.tick(batch_size)
         bs = batch_size
         if len(gains) != bs:
             raise ValueError(f"need one gain list per request ({bs}), got {len(gains)}")
@@ -335,10 +394,41 @@ class SpecCostModel:
             return plain  # measure the baseline at this batch size first (a seeded one too)
         keys = _keys(contexts, bs)
         plain_rate = (bs if horizon is None else horizon.useful(bs, 0.0)) / self.estimate(bs, PLAIN, keys)
+        best = self._allocations(bs, gains, horizon, contexts, keys)
+        if best is None:
+            return plain
+        if best:
+            self.last_advantage = max(r for r, _ in best.values()) / plain_rate
+            estimated, known = self._estimated_and_known(bs, {w: r for w, (r, _) in best.items()})
+            best_known = max([plain_rate] + list(known.values()))
+            for w in sorted(best, key=lambda w: -best[w][0]):
+                if w not in known and best[w][0] >= self.explore_within * best_known:
+                    self.last_reason = "explore"
+                    return w, best[w][1]  # explore a promising cell once
+            ranking = sorted(((r, w) for w, r in known.items() if r > self.margin * plain_rate),
+                             reverse=True)
+            choice = ranking[0][1] if ranking else PLAIN
+            choice = self._maybe_reexplore(bucket, choice, {PLAIN: plain_rate, **estimated})
+            if choice != PLAIN:
+                return choice, best[choice][1]
+        if (self.last_reason == "best" and raw is not None
+                and max((sum(g) for g in raw), default=0.0) >= self.probe_tokens
+                and self.probe_due(bs)):
+            face = self._allocations(bs, raw, None, contexts, keys)  # no horizon
+            if face:
+                _, width = max((r, w) for w, (r, _) in face.items())
+                self.last_reason = "probe"
+                return width, face[width][1]
+        return plain
+
+    def _allocations(self, bs: int, gains, horizon, contexts, keys: float):
+        """``{cell width: (rate, counts)}``: under each width cap, the best-first draft nodes
+        of the batch that maximise the step's rate (:meth:`choose_rows`); None when a step's
+        time cannot be estimated."""
         nodes = DraftNodes(gains, self.widths[-1])
         times = self.steps.rows_times(bs, len(nodes.gain), keys)
         if None in times:
-            return plain
+            return None
         times = np.asarray(times[1:])  # times[k - 1]: a step with k draft rows
         c_rows = self.steps.context.coefficients()[1] if contexts is not None else 0.0
         node_seconds = c_rows * np.asarray(contexts, dtype=np.float64)[nodes.request] if c_rows else None
@@ -365,20 +455,7 @@ class SpecCostModel:
                     width = next(w for w in self.widths if w >= max(counts))
                     if width not in best or top_rate > best[width][0]:
                         best[width] = (top_rate, counts)
-        if not best:
-            return plain
-        self.last_advantage = max(r for r, _ in best.values()) / plain_rate
-        estimated, known = self._estimated_and_known(bs, {w: r for w, (r, _) in best.items()})
-        best_known = max([plain_rate] + list(known.values()))
-        for w in sorted(best, key=lambda w: -best[w][0]):
-            if w not in known and best[w][0] >= self.explore_within * best_known:
-                self.last_reason = "explore"
-                return w, best[w][1]  # explore a promising cell once
-        ranking = sorted(((r, w) for w, r in known.items() if r > self.margin * plain_rate),
-                         reverse=True)
-        choice = ranking[0][1] if ranking else PLAIN
-        choice = self._maybe_reexplore(bucket, choice, {PLAIN: plain_rate, **estimated})
-        return plain if choice == PLAIN else (choice, best[choice][1])
+        return best
 
     def predict(self, batch_size: int, gains: Sequence[Sequence[float]], counts: Sequence[int],
                 contexts: Optional[Sequence[int]] = None) -> Tuple[float, Optional[float]]:

@@ -6,8 +6,10 @@ size. It reads a width's cost at any batch size piecewise linearly between that 
 a step's cost at any number of draft rows through the bucket's plain and verify cells, and an
 unmeasured cell from the curve of seconds over tokens per forward of every cell. One
 measurement moves a cell at most ``max_jump`` times its value; a seeded cell (a prior from an
-earlier engine) gives way to its first measurement. :mod:`.cost_model` decides on it (its
-docstring says why each rule is there).
+earlier engine) gives way to its first measurement. A cell last measured ``stale_after`` or
+more owner's decisions ago takes a new measurement with weight ``stale_alpha``: cells that
+only probes and re-explorations refresh would otherwise need tens of them to forget a stall.
+:mod:`.cost_model` decides on it (its docstring says why each rule is there).
 
 Context: a step's attention grows with its requests' contexts, which the cells do not key
 on. Each cell also keeps (EMAs) the context tokens its steps read (``keys``) and its draft
@@ -40,6 +42,8 @@ def bucket_of(batch_size: int) -> int:
 class StepCostTable:
     widths: Tuple[int, ...]  # the verify widths it keeps cells for (checked by the owner)
     alpha: float = 0.2  # EMA weight of a new measurement
+    stale_after: int = 32  # owner's decisions since a cell's last measurement that make it stale
+    stale_alpha: float = 0.5  # EMA weight of a stale cell's new measurement
     max_jump: float = 2.0  # one measurement moves a cell by at most this factor
     baseline_near: float = 0.1  # plain measured within this fraction of a batch size (>= 1 request)
     floor: float = 0.1  # a cell's context-free seconds stay >= this share of its seconds
@@ -95,8 +99,9 @@ class StepCostTable:
             # the cell's estimate at this batch size and context
             old = self._at(cell, batch_size, width) + self._context_seconds(keys, row_keys)
             measured[0] = self._bounded(seconds, old)
+            alpha = self.stale_alpha if now - self._seen[key] >= self.stale_after else self.alpha
             for i, value in enumerate(measured):
-                cell[i] = (1 - self.alpha) * cell[i] + self.alpha * value
+                cell[i] = (1 - alpha) * cell[i] + alpha * value
         self._seen[key] = now
         self._stale()
 

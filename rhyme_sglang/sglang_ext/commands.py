@@ -37,11 +37,13 @@ class ControlCommands:
         cost_model = self.cost.as_dict()
         cost_model["seeded_cells"] = self.step_costs.seeded if self.step_costs else 0
         cost_model["rested_steps"] = self.rest.rested  # plain steps that skipped drafting
+        cost_model["probe_every"] = self.cost.probe_every
         out.update(
             cost_model=cost_model, breakdown=timeline.breakdown(),
             epoch=self.store.epoch, num_prompts=self.store.num_prompts,
             num_responses=self.store.num_responses, active_requests=len(self._tracked),
             memory_bytes=self.store.estimate_memory(), backend=self.store.backend,
+            speculation_health=self.health.report(self.cost.calibration_at_bound()),
         )
         return out
 
@@ -84,7 +86,7 @@ class ControlCommands:
         return {"updated": len(targets)}
 
     def _cmd_advance_epoch(self):
-        return {"epoch": self.store.advance_epoch()}
+        return {"epoch": self.advance_epoch()}
 
     def _cmd_save(self, path):
         self.store.save(str(path))
@@ -94,6 +96,7 @@ class ControlCommands:
         if self._tracked:
             raise ValueError("cannot load a snapshot while requests are running")
         self.store.load(str(path))
+        self.cost.forget_acceptance()
         return {"epoch": self.store.epoch, "num_responses": self.store.num_responses}
 
     def _cmd_export_history(self, prompt_id):

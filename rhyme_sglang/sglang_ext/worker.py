@@ -38,6 +38,7 @@ from rhyme_sglang.core.breakdown import decode_kind
 from rhyme_sglang.core.calibration import RequestEvidence
 from rhyme_sglang.core.cost_model import PLAIN, SpecCostModel, check_widths, default_widths
 from rhyme_sglang.core.draft_rest import DraftRest
+from rhyme_sglang.core.health import SpecHealth
 from rhyme_sglang.core.horizon import Horizon, remaining_tokens
 from rhyme_sglang.core.draft import Draft, best_first_order, expected_accepts, truncate
 from rhyme_sglang.sglang_ext import step_kinds, timeline
@@ -58,6 +59,7 @@ class _Tracked:
     synced: int = 0  # output tokens already given to the store
     proposed: Optional[int] = None  # real draft tokens of the last verify step
     predicted: float = 0.0  # the store's expected accepted drafts for that step
+    level: float = 0.0  # the prediction its decision was calibrated at (calibration level)
     # with request_calibration: the calibration's expectation for that step, and the
     # request's own verifies against it
     expected: float = 0.0
@@ -123,6 +125,9 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
                        else default_widths(self.max_width))
         self.cost = SpecCostModel(widths=self.widths)
         self.rest = DraftRest()  # plain steps that skip drafting after clear losses
+        self.health = SpecHealth()
+        self._warm_widths = set()  # widths whose first step (warm-up, not a cost) has run
+        self._decode_steps = 0
         self.step_costs = None  # saved step costs: a warm cost model across engine starts
         if self.config.cost_cache and self.config.adaptive and not self.config.cycle_widths:
             self.step_costs = StepCostCache.for_engine(server_args, target_worker.model_runner)
@@ -164,6 +169,8 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         drafts = None
         if self._plain_only(batch) or (learned and self._resting(batch)):
             width, counts = PLAIN, None
+            if learned:
+                self.cost.tick(bs)  # resting steps count toward the next probe
         else:
             drafts = self._draft_batch(batch)
             width, counts = self._choose_width(batch, drafts, contexts)
@@ -187,11 +194,26 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         seconds = time.perf_counter() - decided
         if self._decision_log is not None:
             self._log_decision(batch, drafts, width, counts, contexts, seconds, result)
-        self.cost.observe_step(bs, width, seconds, rows, contexts, lens)
-        if self.step_costs is not None:
-            self.step_costs.observed(self.cost)
+        if width in self._warm_widths:
+            self.cost.observe_step(bs, width, seconds, rows, contexts, lens)
+            if self.step_costs is not None:
+                self.step_costs.observed(self.cost)
+        else:  # a width's first step in this process pays one-off set-up: not its cost
+            self._warm_widths.add(width)
+            if width:
+                self.cost.verified(bs)
         self.stats.count_step(decode_kind(width))
+        self._record_health(drafts, width)
         return result
+
+    def _record_health(self, drafts, width: int) -> None:
+        """Feed the step to :class:`SpecHealth` (every 256 steps it also judges, so a cause
+        is logged when it arises, not only when stats are read)."""
+        predicted = () if drafts is None else [sum(d.probs) for d in drafts]
+        self.health.record(predicted, width != PLAIN)
+        self._decode_steps += 1
+        if self._decode_steps % 256 == 0:
+            self.health.report(self.cost.calibration_at_bound())
 
     def _log_decision(self, batch, drafts, width, counts, contexts, seconds, result) -> None:
         """Append the step's decision (width, reason, expected accepted drafts, estimated
@@ -201,8 +223,8 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         accepted = 0
         if width and getattr(result, "accept_lens", None) is not None:
             accepted = int(result.accept_lens.sum().item()) - bs
-        gains = [self._gains(d, r) for d, r in zip(drafts, batch.reqs)] \
-            if drafts is not None else [[] for _ in range(bs)]
+        gains = [self._gains([d.probs[i] for i in best_first_order(d)], r)
+                 for d, r in zip(drafts, batch.reqs)] if drafts is not None else [[] for _ in range(bs)]
         if counts is None:
             counts = [width if g else 0 for g in gains] if width else [0] * bs
         gain, estimate = self.cost.predict(bs, gains, counts, contexts)
@@ -234,10 +256,10 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
 
     def _resting(self, batch) -> bool:
         """Whether this step is plain without drafting (:class:`DraftRest`); a request the
-        store does not track yet ends the rest."""
+        store does not track yet, or a probe due at this batch size, ends the rest."""
         with self.lock:
             new = any(req.rid not in self._tracked for req in batch.reqs)
-        return self.rest.resting(new)
+        return self.rest.resting(new or self.cost.probe_due(len(batch.reqs)))
 
     def _choose_width(self, batch, drafts, contexts=None):
         """``(width, counts)``: the step's width (0 = plain) and, for a ragged verify, each
@@ -254,16 +276,18 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
             return width, [(i + self._cycle_step) % (width + 1) for i in range(len(drafts))]
         horizon = self._horizon(batch) if self.config.horizon else None
         if self.ragged:
-            gains = [self._gains(d, r) for d, r in zip(drafts, batch.reqs)]
-            return self.cost.choose_rows(len(batch.reqs), gains, horizon, contexts)
+            raw = [[d.probs[i] for i in best_first_order(d)] for d in drafts]
+            gains = [self._gains(p, r) for p, r in zip(raw, batch.reqs)]
+            return self.cost.choose_rows(len(batch.reqs), gains, horizon, contexts, raw=raw)
         per_request = [expected_accepts(d, self.widths) for d in drafts]
         factors = [self._evidence_factor(r) for r in batch.reqs]
         critical = None if horizon is None else \
             self.cost.critical_expected(per_request, horizon, factors)
         expected = self.cost.batch_expected(per_request, factors)
+        raw = {w: sum(r.get(w, 0.0) for r in per_request) for w in self.widths}
         return self.cost.choose_width(len(batch.reqs), expected, calibrated=True,
                                       horizon=horizon, critical=critical,
-                                      contexts=contexts), None
+                                      contexts=contexts, raw=raw), None
 
     def _horizon(self, batch) -> Horizon:
         """The batch's predicted remainders and the waiting queue's predicted tokens (noted
@@ -284,10 +308,10 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         return remaining_tokens(self.store.predict_length(self._prompt_key_of(req)),
                                 len(req.output_ids))
 
-    def _gains(self, draft, req) -> list:
-        """Calibrated expected acceptance of each draft node of ``req``, in best-first order:
-        the shared calibration's, times the request's own evidence (:meth:`_evidence_factor`)."""
-        probs = [draft.probs[i] for i in best_first_order(draft)]
+    def _gains(self, probs, req) -> list:
+        """Calibrated expected acceptance of each of ``req``'s draft nodes from their path
+        probabilities ``probs`` (best-first order): the shared calibration's, times the
+        request's own evidence (:meth:`_evidence_factor`)."""
         predicted = sum(probs)
         if predicted <= 0:
             return []
@@ -355,12 +379,15 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
                     out_ids = req.output_ids
                     last = out_ids[-1] if len(out_ids) else req.origin_input_ids_unpadded[-1]
                 tracked.last = None
+                whole = float(sum(draft.probs))  # the prediction its per-request gains were scaled at
                 draft = truncate(draft, width if counts is None else min(counts[i], width))
                 tokens[i], masks[i], real = draft_to_tree(last, draft.token_ids, draft.parents, n)
                 tracked.proposed = real
                 tracked.predicted = float(sum(draft.probs[:real]))
+                tracked.level = whole if self.ragged else tracked.predicted
                 if self.config.request_calibration:  # what its evidence is measured against
-                    tracked.expected = self.cost.calibrated(tracked.predicted)
+                    tracked.expected = tracked.predicted and tracked.predicted * (
+                        self.cost.calibrated(tracked.level) / tracked.level)
                 lens[i] = real + 1
         if not (self.ragged if ragged is None else ragged):
             return tokens.reshape(-1), masks.reshape(-1), None
@@ -389,7 +416,7 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
             accepted = min(len(new) - 1, tracked.proposed)
             self.store.record_acceptance(req.rid, tracked.proposed, accepted)
             self.stats.record(self.store.epoch, tracked.proposed, len(new))
-            self.cost.observe_acceptance(tracked.predicted, accepted)
+            self.cost.observe_acceptance(tracked.predicted, accepted, tracked.level)
             if self.config.request_calibration:
                 tracked.evidence.observe(tracked.expected, accepted, len(new))
             tracked.proposed = None
@@ -425,8 +452,14 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
     def _maybe_advance_epoch(self) -> None:
         if self._weights_changed:
             self._weights_changed = False
-            epoch = self.store.advance_epoch()
+            epoch = self.advance_epoch()
             logger.info("rhyme: weights changed, history epoch -> %d", epoch)
+
+    def advance_epoch(self) -> int:
+        """The next history epoch; the acceptance evidence of the last one counts half
+        (:meth:`SpecCostModel.forget_acceptance`). The caller holds the lock."""
+        self.cost.forget_acceptance()
+        return self.store.advance_epoch()
 
     # ----------------------------------------------------------------- ordering
     def order_waiting_queue(self, queue) -> None:
