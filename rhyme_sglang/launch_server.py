@@ -12,6 +12,7 @@ sets the scheduler's compute threads. Snapshot paths
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import logging
 import os
@@ -113,8 +114,39 @@ def exposure_warning(host: str, keyless: bool) -> str | None:
             "endpoints stay open to every client that reaches this port; set --admin-api-key")
 
 
+_DESCRIPTION = ("SGLang's HTTP server with rhyme-sglang applied: every sglang.launch_server flag, "
+                "plus RHYME's. On a CPU-only machine the CPU settings not given are filled in; "
+                "it binds to 127.0.0.1 unless --host is given.")
+
+
+def help_parser() -> argparse.ArgumentParser:
+    """The ``--help`` parser: RHYME's flags and ours first, then SGLang's (only for the text:
+    :func:`main` parses a command line without it)."""
+    from sglang.srt.server_args import ServerArgs
+
+    from rhyme_sglang.sglang_ext.flags import add_help_group
+
+    parser = argparse.ArgumentParser(
+        prog="python -m rhyme_sglang.launch_server", description=_DESCRIPTION,
+        usage="%(prog)s --model-path PATH [--speculative-algorithm RHYME] [--rhyme-* VALUE ...] "
+        "[SGLang server flags]",
+        epilog="Example: python -m rhyme_sglang.launch_server --model-path smollm2 "
+        "--speculative-algorithm RHYME --speculative-num-draft-tokens 17")
+    add_help_group(parser)
+    ours = parser.add_argument_group("rhyme-sglang on CPU")
+    ours.add_argument("--cpu-threads", metavar="N", help="the scheduler's torch compute threads "
+                      "(default: auto, the machine's measured rule)")
+    ours.add_argument("--kernel-threads", metavar="N", help="the scheduler's native kernel "
+                      "threads (default: auto)")
+    ServerArgs.add_cli_args(parser.add_argument_group("SGLang server"))
+    return parser
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:
+        help_parser().print_help()
+        return
     from rhyme_sglang.sglang_ext import check_sglang_version
     from rhyme_sglang.sglang_ext.config import RhymeConfig, new_control_addr
     from rhyme_sglang.sglang_ext.cpu_defaults import apply_cpu_defaults, on_cpu_only_machine

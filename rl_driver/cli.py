@@ -1,4 +1,4 @@
-"""``rhyme-rl``: the command line (``train --config configs/NAME.yaml [--resume]``, ``report``)."""
+"""``rhyme-rl``: the command line (``train``, ``config``, ``report``); ``rhyme-rl --help``."""
 
 from __future__ import annotations
 
@@ -7,6 +7,16 @@ import logging
 import os
 import sys
 from typing import Any, Dict, List, Optional
+
+
+def set_process_env() -> None:
+    """A run's environment defaults, set before anything imports torch, sglang or Ray: one
+    OpenMP thread a process, SGLang's CPU engine, no tokenizer threads, and Ray's token
+    authentication on (``RAY_AUTH_MODE=token``, what Ray picks for a new local cluster, chosen
+    here so that Ray does not warn it picked it; Ray reads the variable when imported)."""
+    for key, value in (("OMP_NUM_THREADS", "1"), ("SGLANG_USE_CPU_ENGINE", "1"),
+                       ("TOKENIZERS_PARALLELISM", "false"), ("RAY_AUTH_MODE", "token")):
+        os.environ.setdefault(key, value)
 
 
 def _parse_override(text: str) -> tuple:
@@ -18,103 +28,106 @@ def _parse_override(text: str) -> tuple:
     return key, yaml.safe_load(value)
 
 
+CONFIG_REFERENCE = """config reference:
+  configs/demo.yaml        an annotated example (the make demo run)
+  rhyme-rl config          every section and key with its default (or a config's values)
+  rl_driver/config.py      each key's meaning and allowed values (a dataclass per section);
+                           an unknown key or a bad value fails naming the key and the choices"""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rhyme-rl", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="run the GRPO loop")
-    train.add_argument("--config", required=True, help="YAML config (see configs/)")
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="rhyme-rl", formatter_class=raw,
+        description="GRPO training whose rollouts run on RHYME engines under Ray, and its reports.",
+        epilog="examples:\n  rhyme-rl train --config configs/demo.yaml\n"
+        "  rhyme-rl train --config configs/demo.yaml --epochs 2 --set train.lr=1e-5\n"
+        "  rhyme-rl config --config configs/demo.yaml\n  rhyme-rl report runs/demo\n\n"
+        "rhyme-rl COMMAND --help shows a command's options.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    train = sub.add_parser(
+        "train", help="run the GRPO loop", formatter_class=raw,
+        description="Run the GRPO loop: generate -> score -> rewards to history -> train ->\n"
+        "sync weights, once per epoch; writes runs/<name>/ (metrics, trace, report).",
+        epilog="examples:\n  rhyme-rl train --config configs/demo.yaml\n"
+        "  rhyme-rl train --config configs/demo.yaml --num-engines 1 --set rollout.group_size=8\n"
+        "  rhyme-rl train --config configs/demo.yaml --resume\n\n" + CONFIG_REFERENCE)
+    train.add_argument("--config", required=True, metavar="FILE", help="YAML run config")
     train.add_argument("--resume", action="store_true", help="continue runs/<name> where it stopped")
-    train.add_argument("--num-engines", type=int, help="override engine.num_engines")
-    train.add_argument("--epochs", type=int, help="override loop.epochs")
-    train.add_argument("--set", action="append", default=[], type=_parse_override,
-                       metavar="SECTION.KEY=VALUE", help="override any config key (repeatable)")
-    train.add_argument("--no-progress", action="store_true", help="no progress bars")
-    report = sub.add_parser("report", help="(re)write runs/<name>/report.md from its metrics")
-    report.add_argument("run_dir")
+    train.add_argument("--num-engines", type=int, metavar="N", help="override engine.num_engines")
+    train.add_argument("--epochs", type=int, metavar="E", help="override loop.epochs")
+    _add_set(train)
+    train.add_argument("--no-progress", action="store_true",
+                       help="no progress bars (or progress lines, off a terminal)")
+    config = sub.add_parser(
+        "config", help="print a run config with every key, defaults filled in",
+        formatter_class=raw, description="Print a run config as YAML with every section and "
+        "key: the defaults,\nor FILE's values over them.",
+        epilog="examples:\n  rhyme-rl config\n  rhyme-rl config --config configs/demo.yaml "
+        "--set loop.epochs=2\n\n" + CONFIG_REFERENCE)
+    config.add_argument("--config", metavar="FILE", help="YAML run config (default: none)")
+    _add_set(config)
+    report = sub.add_parser(
+        "report", help="(re)write runs/<name>/report.md from its metrics", formatter_class=raw,
+        description="(Re)write RUN_DIR/report.md and its plots from RUN_DIR/metrics.jsonl.",
+        epilog="example:\n  rhyme-rl report runs/demo\n")
+    report.add_argument("run_dir", metavar="RUN_DIR")
     return parser
+
+
+def _add_set(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--set", action="append", default=[], type=_parse_override,
+                        metavar="SECTION.KEY=VALUE", help="override a config key (repeatable)")
 
 
 def overrides_from(args) -> Dict[str, Any]:
     out: Dict[str, Any] = dict(args.set)
-    if args.num_engines is not None:
+    if getattr(args, "num_engines", None) is not None:
         out["engine.num_engines"] = args.num_engines
-    if args.epochs is not None:
+    if getattr(args, "epochs", None) is not None:
         out["loop.epochs"] = args.epochs
     return out
 
 
-class PhaseBars:
-    """The CLI's progress sink: a tqdm bar per phase of an epoch (rollout requests with tok/s,
-    train micro-batches, the weight sync)."""
-
-    FORMAT = "{desc}: {n_fmt}/{total_fmt} {unit} |{bar:20}| [{elapsed}{postfix}]"
-
-    def __init__(self, nested: bool):
-        self.nested = nested  # under an epoch bar: bars on line 2, removed when done
-        self._bar = None
-        self._phase = ""
-
-    def _show(self, phase: str, done: int, total: int, unit: str, postfix: str = "") -> None:
-        from tqdm import tqdm
-
-        if self._bar is None or self._phase != phase or self._bar.total != total:
-            self.close()
-            self._bar = tqdm(total=total, desc=f"  {phase}", unit=unit, leave=not self.nested,
-                             position=1 if self.nested else None, mininterval=0.5,
-                             bar_format=self.FORMAT)
-            self._phase = phase
-        self._bar.n = done
-        if postfix:
-            self._bar.set_postfix_str(postfix, refresh=False)
-        self._bar.refresh()
-        if done >= total:
-            self.close()
-
-    def rollout(self, done: int, total: int, tokens: int, elapsed_s: float) -> None:
-        self._show("rollout", done, total, "req", f"{tokens / max(elapsed_s, 1e-9):.0f} tok/s")
-
-    def train(self, done: int, total: int) -> None:
-        self._show("train", done, total, "micro-batch")
-
-    def sync(self, seconds) -> None:
-        if seconds is None:
-            self._show("sync", 0, 1, "step")
-        else:
-            self._show("sync", 1, 1, "step", f"{seconds:.1f}s")
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
-
-
 def startup_line(config) -> str:
-    """What a resolved config runs with, and why (printed at start by the CLIs)."""
+    """What a resolved config runs with, and why (printed at start by the CLIs), wrapped at
+    100 columns."""
+    import textwrap
+
     from rhyme_sglang.machine import describe_machine
 
-    return f"{config.name}: {config.machine_summary()} ({describe_machine()})"
+    return textwrap.fill(f"{config.name}: {config.machine_summary()} ({describe_machine()})",
+                         width=100, subsequent_indent="  ")
 
 
 def train(config, resume: bool = False, progress: bool = True, echo=None,
           phases: bool = True) -> List[Dict[str, Any]]:
-    """Run the loop with a tqdm bar over epochs (``progress``) and bars inside each epoch
-    (``phases``); ``echo(metrics, first)`` prints a line per epoch. Prints the chosen dtype
-    and threads first."""
+    """Run the loop with a bar over epochs (``progress``) and bars inside each epoch
+    (``phases``): tqdm bars on a terminal, plain lines on stderr anywhere else (a line per
+    epoch with ``progress``; :mod:`rl_driver.progress_view`). ``echo(metrics, first)`` prints
+    a line per epoch. Prints the chosen dtype and threads first."""
     from tqdm import tqdm
 
     from rl_driver.loop import run
+    from rl_driver.progress_view import progress_sink
     from rl_driver.report import write_report
 
     config = config.resolved()
     print(startup_line(config), flush=True)
-    bar = tqdm(total=config.loop.epochs, desc=config.name, unit="epoch", disable=not progress)
-    sink = PhaseBars(nested=progress) if phases else None
+    tty = sys.stderr.isatty()
+    bar = tqdm(total=config.loop.epochs, desc=config.name, unit="epoch",
+               disable=not (progress and tty))
+    sink = progress_sink(nested=progress) if phases else None
     first: Dict[str, Any] = {}
 
     def on_epoch(metrics):
         first.setdefault("m", metrics)
         bar.update(1)
         bar.set_postfix(reward=f"{metrics['mean_reward']:.3f}", tau=f"{metrics['tau']:.2f}")
+        if progress and not tty:
+            print(f"{config.name}: epoch {metrics['epoch']} done, reward "
+                  f"{metrics['mean_reward']:.3f}, tau {metrics['tau']:.2f}", file=sys.stderr,
+                  flush=True)
         if echo is not None:
             echo(metrics, first["m"])
 
@@ -130,12 +143,10 @@ def train(config, resume: bool = False, progress: bool = True, echo=None,
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    set_process_env()
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from rl_driver.config import ConfigError, load_config
+    from rl_driver.config import ConfigError, config_from_dict, load_config
 
     if args.command == "report":
         from rl_driver.report import write_report
@@ -143,13 +154,28 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(write_report(args.run_dir))
         return 0
     try:
-        config = load_config(args.config, overrides_from(args))
+        config = (load_config(args.config, overrides_from(args)) if args.config
+                  else config_from_dict({}, overrides_from(args)))
     except ConfigError as exc:
         print(f"rhyme-rl: bad config: {exc}", file=sys.stderr)
         return 2
+    if args.command == "config":
+        import dataclasses
+
+        import yaml
+
+        print(yaml.safe_dump(_plain(dataclasses.asdict(config)), sort_keys=False), end="")
+        return 0
     train(config, resume=args.resume, progress=not args.no_progress, phases=not args.no_progress)
     print(f"run written to {config.run_dir}")
     return 0
+
+
+def _plain(value):
+    """``value`` with tuples as lists (YAML's safe form)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return [_plain(v) for v in value] if isinstance(value, (list, tuple)) else value
 
 
 if __name__ == "__main__":

@@ -321,7 +321,8 @@ def _build_section(name: str, cls, raw: Any):
     kwargs = {}
     for key, value in raw.items():
         if key not in known:
-            raise ConfigError(f"unknown config key {name}.{key!s} (known: {sorted(known)})")
+            raise ConfigError(f"unknown config key {name}.{key!s} (allowed in {name}: "
+                              f"{', '.join(sorted(known))})")
         default = known[key].default
         if isinstance(default, bool) and not isinstance(value, bool):
             raise ConfigError(f"config key '{name}.{key}': must be true or false, got {value!r}")
@@ -357,7 +358,7 @@ def config_from_dict(raw: Mapping[str, Any], overrides: Optional[Mapping[str, An
         elif key in ("name", "model", "seed"):
             top[key] = value
         else:
-            raise ConfigError(f"unknown config key {key!r} (known: name, model, seed, "
+            raise ConfigError(f"unknown config key {key!r} (allowed: name, model, seed, "
                               f"{', '.join(SECTIONS)})")
     return RunConfig(**top)
 

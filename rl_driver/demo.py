@@ -12,7 +12,6 @@ the same engine settings (:mod:`rl_driver.side_by_side`) and prints that ratio. 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -48,25 +47,24 @@ def _side_by_side(config) -> None:
           f"(x{r['speedup_makespan']:.2f} makespan; same tokens for "
           f"{100 * r['same_tokens']:.0f}% of requests: seeded draws)", flush=True)
     for name, label in (("vanilla", "vanilla"), ("rhyme", "RHYME")):
-        print(f"    {label}: {_steps_line(r[name].get('breakdown'))}", flush=True)
+        print(f"    {label}: {_steps_text(r[name].get('breakdown'))}", flush=True)
 
 
-def _steps_line(breakdown) -> str:
-    """A side-by-side engine's decode steps by kind: count, seconds, and a step's mean batch,
-    forward rows (tree nodes verified) and tokens emitted."""
+def _steps_text(breakdown) -> str:
+    """A side-by-side engine's prefill and other seconds, then a line per decode step kind:
+    count, seconds, and a step's mean batch, forward rows (tree nodes verified) and tokens
+    emitted."""
     if not breakdown:
         return "no breakdown"
-    parts = []
+    other = breakdown["postprocess_s"] + breakdown["schedule_s"]
+    lines = [f"prefill {breakdown['prefill']['seconds']:.1f}s, other {other:.1f}s, decode:"]
     for kind, v in sorted(breakdown["decode"].items(), key=lambda kv: -kv[1]["seconds"]):
         steps = v["steps"] or 1
-        parts.append(f"{kind} {v['steps']} steps {v['seconds']:.1f}s ({v['seconds'] / steps:.3f} s, "
-                     f"batch {v['requests'] / steps:.1f}, {v.get('rows', 0) / steps:.1f} rows in, "
+        lines.append(f"      {kind} {v['steps']} steps {v['seconds']:.1f}s "
+                     f"({v['seconds'] / steps:.3f} s, batch {v['requests'] / steps:.1f}, "
+                     f"{v.get('rows', 0) / steps:.1f} rows in, "
                      f"{v['tokens'] / steps:.1f} tokens out a step)")
-    pre = breakdown["prefill"]
-    parts.append(f"prefill {pre['seconds']:.1f}s")
-    other = breakdown["postprocess_s"] + breakdown["schedule_s"]
-    parts.append(f"other {other:.1f}s")
-    return "; ".join(parts)
+    return "\n".join(lines)
 
 
 def _stop_ray() -> None:
@@ -80,12 +78,15 @@ def _stop_ray() -> None:
 
 
 def main(argv=None) -> int:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    parser = argparse.ArgumentParser(prog="python -m rl_driver.demo")
-    parser.add_argument("--config", default=str(DEFAULT_CONFIG))
-    parser.add_argument("--epochs", type=int)
+    from rl_driver.cli import set_process_env
+
+    set_process_env()
+    parser = argparse.ArgumentParser(
+        prog="python -m rl_driver.demo", description="make demo: a GRPO run on CPU with RHYME "
+        "(rhyme-rl train), then one rollout of the final policy, vanilla SGLang vs RHYME.")
+    parser.add_argument("--config", default=str(DEFAULT_CONFIG), metavar="FILE",
+                        help="YAML run config (default: configs/demo.yaml)")
+    parser.add_argument("--epochs", type=int, metavar="E", help="override loop.epochs")
     args = parser.parse_args(argv)
     import logging
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import shutil
 import sys
 import time
@@ -22,10 +21,9 @@ from pathlib import Path
 
 
 def main(argv=None) -> int:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from rl_driver.cli import _parse_override
+    from rl_driver.cli import _parse_override, set_process_env
+
+    set_process_env()
 
     parser = argparse.ArgumentParser(prog="make_traces.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -11,74 +11,87 @@ import dataclasses
 import os
 import tempfile
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Sequence, Tuple, Union
 
 SCHEDULE_POLICIES = ("lpt", "fcfs")
 _PREFIX = "RHYME_"
 
 
+def _opt(default, help: str, metavar: str = "", *, shown: str = "", internal: bool = False):
+    """A field with its flag's ``help`` line; ``internal`` fields are set by code, not users."""
+    return field(default=default, metadata={"help": help, "metavar": metavar, "shown": shown,
+                                            "internal": internal})
+
+
 @dataclass(frozen=True)
 class RhymeConfig:
     """Knobs of the RHYME speculative algorithm (all optional; defaults are tuned for RL).
 
-    * ``schedule_policy``: ``lpt`` orders the waiting queue longest-predicted-first (prompt
-      groups kept together, for prefix-cache reuse); ``fcfs`` leaves sglang's policy alone.
-    * ``min_draft_prob``: drop draft paths whose estimated probability is below this.
-    * ``max_branch``: children considered per draft-tree node (1 = chain drafts).
-    * ``epoch_decay``/``reward_weight``: history weighting (see ``rhyme_sglang.core``).
-    * ``reward_rule``: ``fixed`` uses ``reward_weight`` as the advantage coefficient; ``online``
-      refits it at each epoch close from the branches the epoch's responses took.
-    * ``memory_mb``: memory budget of the history store (None = unbounded).
-    * ``snapshot_path``: load this snapshot at start-up if it exists.
-    * ``snapshot_dir``: the server's ``/rhyme/save``, ``/rhyme/load`` and
-      ``--rhyme-snapshot-path`` resolve inside it (default ``<cache>/snapshots``, see
-      :meth:`snapshot_root`); the in-process ``Engine`` API is not confined.
-    * ``control_addr``: ZeroMQ address of the worker's control socket (set automatically).
-    * ``adaptive``: choose each decode step's verify width (or a plain decode) from the
-      measured cost model; off = always verify the largest width.
-    * ``widths``: the verify widths (draft tokens per request) a step may use; each at most
-      ``speculative_num_draft_tokens - 1``. None = powers of two below that, plus it.
-    * ``group_prefill``: a prefill pass takes one request per prompt group whose prompt is
-      not cached yet; its siblings follow a pass later and prefill from the prefix cache.
-    * ``cost_cache``: start the cost model from the step costs an earlier engine measured on
-      this machine, model shape, dtype and threads, and keep them for the next one
-      (:mod:`.step_costs`; file ``$RHYME_STEP_COSTS`` or ``<cache>/rhyme_sglang/step_costs.json``).
-    * ``ragged``: each request of a verify step verifies its own number of draft nodes
-      (CPU, synchronous scheduler): the cost model takes the batch's most probable nodes
-      wherever they are (:meth:`SpecCostModel.choose_rows`), and the forward runs only the
-      nodes taken (no padding rows). Off = every request verifies the step's width.
-    * ``horizon``: the cost model counts a step's tokens only as far as they shorten the
-      rollout's critical path (the longest predicted remainder, the waiting queue's
-      predicted tokens; :class:`rhyme_sglang.core.horizon.Horizon`); off = batch
-      tokens per second.
-    * ``request_calibration``: scale each request's expected acceptance by what its own
-      recent verifies accepted against what the shared calibration expected
-      (:class:`rhyme_sglang.core.calibration.RequestEvidence`); off (the default: two
-      ``bench_rollout`` A/Bs in stop 45 measured no gain) = the shared calibration alone.
-    * ``cycle_widths``: diagnostic/test mode: decode steps walk through plain and every
-      width in an order that makes every switch between two of them (lossless tests); with
-      ``ragged``, every other step gives the requests different node counts, 0 included.
+    Each field is declared with :func:`_opt`, whose ``help`` is its meaning: the
+    ``launch_server --help`` line and the README's flag table are made from it
+    (:mod:`rhyme_sglang.sglang_ext.flags`; a test fails on a field without help). ``metavar``
+    names the flag's value and ``shown`` a default that is None.
     """
 
-    schedule_policy: str = "lpt"
-    min_draft_prob: float = 0.0
-    max_branch: int = 4
-    epoch_decay: float = 0.6
-    reward_weight: float = 0.5
-    reward_rule: str = "fixed"
-    memory_mb: Optional[int] = None
-    snapshot_path: Optional[str] = None
-    snapshot_dir: Optional[str] = None
-    control_addr: Optional[str] = None
-    adaptive: bool = True
-    widths: Optional[Tuple[int, ...]] = None
-    cycle_widths: bool = False
-    ragged: bool = True
-    group_prefill: bool = True
-    cost_cache: bool = True
-    horizon: bool = True
-    request_calibration: bool = False
+    schedule_policy: str = _opt(
+        "lpt", "lpt: the waiting queue runs longest-predicted-first, each prompt group kept "
+        "together (prefix-cache reuse); fcfs: SGLang's own policy", "{lpt,fcfs}")
+    min_draft_prob: float = _opt(
+        0.0, "drop draft paths whose estimated probability is below P", "P")
+    max_branch: int = _opt(4, "children per draft-tree node (1 = chain drafts)", "K")
+    epoch_decay: float = _opt(0.6, "weight of a history response per epoch of age", "D")
+    reward_weight: float = _opt(
+        0.5, "a history response weighs exp(W * its clipped group advantage)", "W")
+    reward_rule: str = _opt(
+        "fixed", "fixed: W is --rhyme-reward-weight; online: W is refitted at each epoch close "
+        "from the branches the epoch's verified responses took (measured: no gain)",
+        "{fixed,online}")
+    memory_mb: Optional[int] = _opt(
+        None, "memory budget of the history store in MiB; the least recently used prompts lose "
+        "their oldest epochs first", "M", shown="unbounded")
+    snapshot_path: Optional[str] = _opt(
+        None, "load this snapshot (a path inside the snapshot dir) at start-up if it exists",
+        "F", shown="none")
+    snapshot_dir: Optional[str] = _opt(
+        None, "the server's /rhyme/save, /rhyme/load and --rhyme-snapshot-path resolve inside D "
+        "(the in-process Engine API is not confined)", "D",
+        shown="~/.cache/rhyme_sglang/snapshots")
+    control_addr: Optional[str] = _opt(
+        None, "ZeroMQ address of the worker's control socket (set by the engine or server, "
+        "not a user flag)", "ADDR", shown="a fresh ipc:// address", internal=True)
+    adaptive: bool = _opt(
+        True, "1: the cost model picks each decode step's verify width, or a plain decode; "
+        "0: always verify the largest width")
+    widths: Optional[Tuple[int, ...]] = _opt(
+        None, "verify widths (draft tokens per request) a step may use, each at most N-1 "
+        "(N = --speculative-num-draft-tokens)", "W1,W2,...",
+        shown="powers of two below N-1, plus N-1")
+    cycle_widths: bool = _opt(
+        False, "diagnostic: decode steps walk through plain decode and every width so that "
+        "every switch between two of them happens (the lossless tests); with ragged, every "
+        "other step gives the requests different node counts, 0 included")
+    ragged: bool = _opt(
+        True, "1: each request verifies its own number of draft nodes (CPU, synchronous "
+        "scheduler): the cost model takes the batch's most probable nodes wherever they are "
+        "and the forward runs only those; 0: every request is padded to the step's width")
+    group_prefill: bool = _opt(
+        True, "1: a prefill pass takes one request per prompt group whose prompt is not cached "
+        "yet, its siblings follow a pass later and prefill from the prefix cache (a cached "
+        "prompt's group goes whole); 0: SGLang's admission")
+    cost_cache: bool = _opt(
+        True, "1: the cost model starts from the step costs an earlier engine measured on this "
+        "machine, model shape, dtype and threads, and saves its own (every 30 s while decoding "
+        "and at shutdown) in $RHYME_STEP_COSTS, default ~/.cache/rhyme_sglang/step_costs.json; "
+        "0: start cold")
+    horizon: bool = _opt(
+        True, "1: the cost model counts a step's tokens only as far as they shorten the "
+        "rollout's critical path (the longest predicted remainder, the waiting queue's "
+        "predicted tokens); 0: batch tokens per second")
+    request_calibration: bool = _opt(
+        False, "1: each request's expected acceptance is also scaled by what its own recent "
+        "verifies accepted against what the shared calibration expected; 0: the shared "
+        "calibration alone (two bench_rollout A/Bs in stop 45 measured no gain from 1)")
 
     def __post_init__(self) -> None:
         if self.widths is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -72,6 +73,44 @@ def test_cli_reports_bad_config(tmp_path, capsys):
     cfg.write_text("rollout:\n  temperature: -1\n")
     assert main(["train", "--config", str(cfg)]) == 2
     assert "rollout.temperature" in capsys.readouterr().err
+
+
+def test_unknown_keys_fail_with_the_allowed_names():
+    with pytest.raises(ConfigError, match=r"unknown config key rollout.group_sise \(allowed in "
+                       r"rollout: balance, default_predicted_length, group_size, "):
+        config_from_dict({"rollout": {"group_sise": 4}})
+    with pytest.raises(ConfigError, match=r"'lopp' \(allowed: name, model, seed, engine, "):
+        config_from_dict({"lopp": {}})
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["config", "--help"],
+                                  ["report", "--help"]])
+def test_cli_help_is_plain_text_with_an_example(argv, capsys):
+    from rl_driver.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    assert "``" not in text and "example" in text and "rhyme-rl " in text
+    if argv[0] in ("train", "config"):  # they name the config reference
+        assert "config reference:" in text and "configs/demo.yaml" in text
+        assert "rl_driver/config.py" in text and "rhyme-rl config" in text
+
+
+def test_cli_config_prints_every_key_with_overrides(capsys):
+    import yaml
+
+    from rl_driver.cli import main
+    from rl_driver.config import SECTIONS
+
+    assert main(["config", "--config", str(CONFIGS / "demo.yaml"), "--set", "loop.epochs=2"]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)
+    assert shown["name"] == "demo" and shown["loop"]["epochs"] == 2
+    for section, cls in SECTIONS.items():
+        assert list(shown[section]) == [f.name for f in dataclasses.fields(cls)]
+    assert main(["config", "--set", "engine.nope=1"]) == 2
+    assert "allowed in engine:" in capsys.readouterr().err
 
 
 def _pick(fast_bf16: bool):

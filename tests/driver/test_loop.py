@@ -144,13 +144,13 @@ def test_side_by_side_runs_vanilla_and_rhyme_at_once(finished_run):
     # tokens after each request's first (the prefill's), but not exactly (stop 31, 552 such
     # tokens: vanilla's overlap loop read 546 and RHYME 552 in one run; one engine, not
     # identified, read 616 in another).
-    from rl_driver.demo import _steps_line
+    from rl_driver.demo import _steps_text
 
     for name in ("vanilla", "rhyme"):
         decode = r[name]["breakdown"]["decode"]
         after_first = r[name]["output_tokens"] - expected
         emitted = sum(v["tokens"] for v in decode.values())
         assert 0.5 * after_first <= emitted <= 1.5 * after_first, (name, emitted, after_first)
-        assert "plain" in _steps_line(r[name]["breakdown"])
+        assert "plain" in _steps_text(r[name]["breakdown"])
     assert set(r["vanilla"]["breakdown"]["decode"]) == {"plain"}
     assert any(k.startswith("verify_w") for k in r["rhyme"]["breakdown"]["decode"])
