@@ -26,11 +26,11 @@ LAYER_SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))
 
 def revision() -> str:
     """What the probe's figures depend on besides the machine: the native kernels' revision
-    and the dtypes they run (a kernel change measures again)."""
+    and whether bf16 decodes natively (a kernel change measures again)."""
     native = linear._native
     if native is None:
         return "native-none"
-    return f"native-r{native.revision}-{native.isa()}-bf16{int(linear.native_bf16())}"
+    return f"native-r{native.revision}-{native.isa()}-bf16{int(decodes_natively('bfloat16'))}"
 
 
 def decodes_natively(dtype: str) -> bool:
@@ -53,7 +53,7 @@ def shape_seconds(out_features: int, in_features: int, dtype: torch.dtype, rows:
     for r in rows:
         x = torch.randn(r, in_features, generator=gen).to(dtype)  # [rows, in]
         times = linear.best_times({name: (lambda f=f: f(x)) for name, f in kernels.items()},
-                                  repeats, time.perf_counter() + 10.0)
+                                  repeats, time.perf_counter() + 10.0, prune=1.5)
         seconds.append(min(times.values()) / len(weights))
     return seconds
 

@@ -12,10 +12,10 @@ norms, rotary and SiLU-and-mul, :func:`.linear.linear` with each layer's measure
 the native paged attention through an :class:`.step_plan.StepPlan` or else the backend's own
 ``forward``) in the same order, so its outputs are the same bits. Where every one of those
 kernels is native, :mod:`.native_step` runs the same calls from one C++ loop instead. It applies
-only where every piece is the plain one (:func:`model_fits`: one rank, unquantized fp32 CPU
-weights, no LoRA, the plain norm and rotary, sglang's ``intel_amx`` backend on our stand-in
-ops) and only to DECODE and TARGET_VERIFY batches; prefill and anything else keeps sglang's
-path.
+only where every piece is the plain one (:func:`model_fits`: one rank, unquantized fp32 or
+bf16 CPU weights, no LoRA, the plain norm and rotary, sglang's ``intel_amx`` backend on our
+stand-in ops) and only to DECODE and TARGET_VERIFY batches; prefill and anything else keeps
+sglang's path.
 
 ``RHYME_CPU_LEAN``: ``on`` (default), ``off`` (sglang's path everywhere), ``check`` (both paths
 on every lean-eligible forward, raising if their hidden states differ in any bit: for tests).
@@ -47,22 +47,29 @@ class LeanMismatch(RuntimeError):
     """``RHYME_CPU_LEAN=check`` found the lean and sglang paths disagreeing."""
 
 
-def _plain_linear(module, unquant) -> bool:
+_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _plain_linear(module, unquant, dtype: torch.dtype) -> bool:
     weight = getattr(module, "weight", None)
     return (isinstance(getattr(module, "quant_method", None), unquant.UnquantizedLinearMethod)
-            and weight is not None and weight.dtype == torch.float32
+            and weight is not None and weight.dtype == dtype
             and weight.device.type == "cpu" and weight.dim() == 2
             and not weight.requires_grad and not getattr(module, "use_intel_amx_backend", False)
             and not getattr(module, "skip_bias_add", False) and not hasattr(module, "set_lora")
-            and (getattr(module, "bias", None) is None or module.bias.dtype == torch.float32))
+            and (getattr(module, "bias", None) is None or module.bias.dtype == dtype))
 
 
-def _plain_norm(norm) -> bool:
+def _plain_norm(norm, dtype: torch.dtype) -> bool:
+    """An RMSNorm of ``dtype`` weights that computes as sglang's plain one (in bf16 the sum
+    rounded to bf16 as the residual, the output rounded once: :mod:`.small_ops`)."""
     weight = getattr(norm, "weight", None)
-    return (weight is not None and weight.dtype == torch.float32 and weight.dim() == 1
+    return (weight is not None and weight.dtype == dtype and weight.dim() == 1
             and weight.device.type == "cpu" and weight.is_contiguous()
             and getattr(norm, "variance_size_override", None) is None
-            and getattr(norm, "override_orig_dtype", None) in (None, torch.float32))
+            and getattr(norm, "override_orig_dtype", None) in (None, dtype)
+            and (dtype == torch.float32 or not (getattr(norm, "fp32_residual", False)
+                                                or getattr(norm, "cast_x_before_out_mul", False))))
 
 
 def _check_model(model) -> bool:
@@ -74,8 +81,9 @@ def _check_model(model) -> bool:
     from sglang.srt.layers.rotary_embedding.base import RotaryEmbedding
 
     family = _CLASSES.get(type(model))
-    if (family is None or model.pp_group.world_size != 1 or model.layers_to_capture
-            or not _plain_norm(model.norm) or _on_policy_target()):
+    dtype = getattr(getattr(model, "norm", None), "weight", torch.empty(0)).dtype
+    if (family is None or dtype not in _DTYPES or model.pp_group.world_size != 1
+            or model.layers_to_capture or not _plain_norm(model.norm, dtype) or _on_policy_target()):
         return False
     layer_cls, attn_cls, mlp_cls = family
     for i in range(model.start_layer, model.end_layer):
@@ -87,10 +95,10 @@ def _check_model(model) -> bool:
         linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
         if (type(attn) is not attn_cls or type(mlp) is not mlp_cls
                 or type(rotary) is not RotaryEmbedding or type(mlp.act_fn) is not SiluAndMul
-                or not all(_plain_linear(m, unquant) for m in linears)
+                or not all(_plain_linear(m, unquant, dtype) for m in linears)
                 or any(get_group_rank_size(getattr(m, "tp_group", None))[1] != 1 for m in linears)
-                or not _plain_norm(layer.input_layernorm)
-                or not _plain_norm(layer.post_attention_layernorm)
+                or not _plain_norm(layer.input_layernorm, dtype)
+                or not _plain_norm(layer.post_attention_layernorm, dtype)
                 or attn.attn.logit_cap or attn.attn.sliding_window_size not in (None, -1)
                 or attn.attn.is_cross_attention):
             return False
@@ -114,7 +122,7 @@ def model_fits(model) -> bool:
         fits = _check_model(model)
         setattr(model, _FITS_ATTR, fits)
         logger.info("cpu lean forward: %s for decode and verify steps",
-                    "on" if fits else "off (a layer is not the plain fp32 kind)")
+                    "on" if fits else "off (a layer is not the plain fp32 or bf16 kind)")
     return fits
 
 
@@ -141,7 +149,7 @@ class _Step:
     __slots__ = ("native", "rotary_native", "plan")
 
     def __init__(self, hidden: torch.Tensor, plan):
-        self.native = (small_ops.enabled() and hidden.dtype == torch.float32
+        self.native = (small_ops.enabled() and hidden.dtype in _DTYPES
                        and hidden.device.type == "cpu")
         self.rotary_native = None  # decided at the first layer
         self.plan = plan  # the attention's StepPlan, or None

@@ -147,17 +147,22 @@ def bf16_twin(x: torch.Tensor, weight: torch.Tensor,
     return out.to(torch.bfloat16)
 
 
-def best_times(kernels: dict, repeats: int, deadline: float) -> dict:
+def best_times(kernels: dict, repeats: int, deadline: float, prune: float = 0.0) -> dict:
     """Best time of each kernel over ``repeats`` rounds, the kernels taking turns within a
-    round (so a drift of the machine's speed hits them alike)."""
+    round (so a drift of the machine's speed hits them alike). ``prune`` > 1: a kernel more
+    than ``prune`` times slower than the best after a round runs no more rounds (only the
+    fastest is wanted)."""
     for fn in kernels.values():
         fn()  # warm-up
     best = dict.fromkeys(kernels, float("inf"))
+    running = dict(kernels)
     for _ in range(repeats):
-        for name, fn in kernels.items():
+        for name, fn in running.items():
             start = time.perf_counter()
             fn()
             best[name] = min(best[name], time.perf_counter() - start)
+        if prune > 1.0:
+            running = {n: f for n, f in running.items() if best[n] <= prune * min(best.values())}
         if time.perf_counter() > deadline:
             break
     return best

@@ -10,6 +10,7 @@ It applies where the Python loop would call only native kernels: every linear's 
 choice for this row bucket is the native GEMM, the native norms, rotary and SiLU are on, and
 the attention has a :class:`.step_plan.StepPlan`. Anything else returns None and the Python
 loop runs. ``RHYME_CPU_STEP=python`` keeps the Python loop everywhere (``native``: default).
+fp32 and bf16 models (bf16: where the native product runs bf16 weights, i.e. avx512_bf16).
 """
 
 from __future__ import annotations
@@ -32,11 +33,17 @@ except (ImportError, AttributeError):  # a module not built (or built before ker
 MODE_ENV = "RHYME_CPU_STEP"
 MODES = ("native", "python")
 _STACK_ATTR = "_rhyme_native_stack"
+_DTYPES = (torch.float32, torch.bfloat16)
+# per column of a layer's row (decoder_step.cpp's Column): the dtype of a model of dtype d is d,
+# except the native panels (bf16: int32 words of two bf16) and the biases (fp32 always)
+_PANELS = {torch.bfloat16: torch.int32}
+_FP32 = {torch.bfloat16: torch.float32}
+_COLUMN_DTYPES = ({}, {}) + (_PANELS, _FP32) * 4 + ({}, {})
 
 
 def takes_bf16() -> bool:
-    """Whether the built decoder step runs bf16 models (weights, activations, K/V cache)."""
-    return _native is not None and getattr(_native, "BF16", False)
+    """Whether the built decoder step runs bf16 models (its products need avx512_bf16)."""
+    return _native is not None and getattr(_native, "BF16", False) and linear.native_bf16()
 
 
 def enabled(env: Optional[dict] = None) -> bool:
@@ -57,6 +64,7 @@ class _Stack(NamedTuple):
     scale: float = 0.0
     final_norm: Optional[torch.Tensor] = None
     eps: float = 0.0
+    dtype: torch.dtype = torch.float32  # of the rows, norm weights, cos/sin table and K/V cache
 
 
 class _NotYet(Exception):
@@ -73,9 +81,10 @@ def _build(model, pool, bucket: int, key) -> _Stack:
     first = layers[0].self_attn
     rotary, radix = first.rotary_emb, first.attn
     cos_sin = rotary.cos_sin_cache
+    dtype = model.norm.weight.dtype
     head_dim, heads, kv_heads = radix.qk_head_dim, radix.tp_q_head_num, radix.tp_k_head_num
-    if (radix.v_head_dim != head_dim or first.q_size != heads * head_dim
-            or first.kv_size != kv_heads * head_dim or cos_sin.dtype != torch.float32
+    if (dtype not in _DTYPES or radix.v_head_dim != head_dim or first.q_size != heads * head_dim
+            or first.kv_size != kv_heads * head_dim or cos_sin.dtype != dtype
             or cos_sin.device.type != "cpu" or not cos_sin.is_contiguous() or cos_sin.dim() != 2
             or cos_sin.shape[1] != rotary.rotary_dim or rotary.rotary_dim % 2
             or not 0 < rotary.rotary_dim <= rotary.head_size or rotary.head_size != head_dim):
@@ -103,13 +112,14 @@ def _build(model, pool, bucket: int, key) -> _Stack:
             if panels is None:
                 return misfit
             bias = getattr(module, "bias", None)
-            if bias is not None:
-                bias = bias.detach().contiguous()
+            if bias is not None:  # fp32, as the native products add it
+                bias = bias.detach().to(torch.float32).contiguous()
             row += [panels, bias]
         kv = [pool.get_key_buffer(attn.attn.layer_id), pool.get_value_buffer(attn.attn.layer_id)]
         caches += kv
         row += kv
-        if any(t is not None and (t.dtype != torch.float32 or not t.is_contiguous()) for t in row):
+        if any(t is not None and (t.dtype != _COLUMN_DTYPES[i].get(dtype, dtype)
+                                  or not t.is_contiguous()) for i, t in enumerate(row)):
             return misfit
         keep += [t for t in row if t is not None]
         rows.append([0 if t is None else t.data_ptr() for t in row])
@@ -120,7 +130,7 @@ def _build(model, pool, bucket: int, key) -> _Stack:
     cache_rows = min(t.shape[0] for t in caches)  # the store checks every row against it
     dims = (hidden, heads, kv_heads, head_dim, inter, cache_rows)
     return _Stack(key, torch.tensor(rows, dtype=torch.int64), tuple(keep), dims, rotary,
-                  float(radix.scaling), model.norm.weight.data, eps)
+                  float(radix.scaling), model.norm.weight.data, eps, dtype)
 
 
 def run(model, input_ids: torch.Tensor, positions: torch.Tensor, pool, plan) -> Optional[torch.Tensor]:
@@ -145,11 +155,11 @@ def run(model, input_ids: torch.Tensor, positions: torch.Tensor, pool, plan) -> 
             return None
     if stack.table is None:
         return None
-    embeddings = model.embed_tokens(input_ids)
-    if embeddings.dtype != torch.float32 or not embeddings.is_contiguous():
+    embeddings = model.embed_tokens(input_ids)  # [T, hidden]
+    if embeddings.dtype != stack.dtype or not embeddings.is_contiguous():
         return None
     hidden, heads, kv_heads, head_dim, inter, cache_rows = stack.dims
-    out = torch.empty(tokens, hidden)
+    out = torch.empty(tokens, hidden, dtype=stack.dtype)
     rotary = stack.rotary
     req_to_token = plan.req_to_token
     longs = plan.longs
@@ -162,5 +172,5 @@ def run(model, input_ids: torch.Tensor, positions: torch.Tensor, pool, plan) -> 
         req_to_token.stride(0), *(x.data_ptr() for x in longs), plan.cache_loc.data_ptr(),
         cache_rows, 0 if tree is None else tree.data_ptr(),
         0 if tree is None else tree.shape[-1], longs[0].shape[0], plan.verify, stack.scale,
-        kernel_threads())
+        kernel_threads(), stack.dtype == torch.bfloat16)
     return out

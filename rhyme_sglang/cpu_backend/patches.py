@@ -32,9 +32,9 @@ Applied by :mod:`.bootstrap` right after the target module executes, only while 
   lengths and its ``[bs, n, n]`` trees; sglang's own verify (every request ``n`` nodes) is
   passed through unchanged.
 * ``native_cpu_rmsnorm`` (``sglang.srt.layers.layernorm``) and ``native_cpu_rotary``
-  (``sglang.srt.layers.rotary_embedding.base``): the plain fp32 RMSNorm (with or without the
-  residual add) and rotary embedding run as one native call each (:mod:`.small_ops`) instead
-  of sglang's 7-25 PyTorch ops; every other variant keeps sglang's ``forward_native``.
+  (``sglang.srt.layers.rotary_embedding.base``): the plain fp32 or bf16 RMSNorm (with or without
+  the residual add) and rotary embedding run as one native call each (:mod:`.small_ops`)
+  instead of sglang's 7-25 PyTorch ops; every other variant keeps sglang's ``forward_native``.
 * ``lean_cpu_forward`` (``sglang.srt.models.llama``, ``.qwen2``): the model's forward of a
   DECODE or TARGET_VERIFY batch runs the same kernels without sglang's per-layer dispatch
   (:mod:`.lean_forward`; ``RHYME_CPU_LEAN=off`` keeps sglang's path). The attention backend
@@ -205,7 +205,9 @@ def native_cpu_rmsnorm(layernorm) -> None:
         weight = getattr(self, "weight", None)
         if (post_residual_addition is not None or quant_linear is not None or weight is None
                 or self.variance_size_override is not None
-                or self.override_orig_dtype not in (None, torch.float32)
+                or self.override_orig_dtype not in (None, x.dtype)
+                or (x.dtype != torch.float32 and (getattr(self, "fp32_residual", False)
+                                                  or getattr(self, "cast_x_before_out_mul", False)))
                 or not small_ops.enabled() or not small_ops.rmsnorm_fits(x, weight, residual)):
             return original(self, x, residual, post_residual_addition, quant_linear)
         return small_ops.rmsnorm(x, weight.data, self.variance_epsilon, residual)
@@ -235,7 +237,7 @@ def native_cpu_rotary(rotary_base) -> None:
 
 
 def native_cpu_silu_mul(activation) -> None:
-    """sglang's ``SiluAndMul`` on fp32 CPU rows through :func:`.small_ops.silu_mul`, the kernel
+    """sglang's ``SiluAndMul`` on fp32 or bf16 CPU rows through :func:`.small_ops.silu_mul`, the kernel
     the lean forward uses too (so ``RHYME_CPU_LEAN=check`` compares the same arithmetic)."""
     from rhyme_sglang.cpu_backend import small_ops
 

@@ -3,14 +3,15 @@
 
 sglang's CPU path without its AMX kernels runs ``RMSNorm.forward_native`` (7-9 PyTorch ops) and
 ``RotaryEmbedding.forward_native`` (~25 ops) twice and once a layer, and ``SiluAndMul`` (3 ops
-and a copy). At decode's few rows every
-op is dispatch overhead. The patches in :mod:`.patches` send the calls these functions can take
-(fp32 CPU tensors, the plain variants) here and leave the rest to sglang.
+and a copy). At decode's few rows every op is dispatch overhead. The patches in :mod:`.patches`
+send the calls these functions can take (fp32 or bf16 CPU tensors, the plain variants) here and
+leave the rest to sglang.
 
 Each row is computed on its own, so the ops keep the row invariance of the native GEMM and
 attention. Results equal sglang's within float rounding (the norm sums its squares in another
 order; the rotary rounds exactly as PyTorch's separate products and sums do; SiLU's exp is a
-polynomial good to ~1e-7 relative).
+polynomial good to ~1e-7 relative). bf16 rows are computed in fp32 and rounded to bf16 where
+sglang's ops on bf16 tensors round (the rotary: every product and sum, the same bits).
 ``RHYME_CPU_SMALL_OPS=torch`` keeps sglang's ops everywhere.
 """
 
@@ -35,34 +36,45 @@ def enabled(env: Optional[dict] = None) -> bool:
     return env_choice(MODE_ENV, MODES, "native", env) == "native" and _native is not None
 
 
-def _fp32_cpu(*tensors: torch.Tensor) -> bool:
-    return all(t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous()
-               for t in tensors)
+_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _cpu(dtype: torch.dtype, *tensors: torch.Tensor) -> bool:
+    """Contiguous CPU tensors, all of ``dtype``, one the kernels take (fp32 or bf16)."""
+    return dtype in _DTYPES and all(t.dtype == dtype and t.device.type == "cpu"
+                                    and t.is_contiguous() for t in tensors)
+
+
+def _op(name: str, dtype: torch.dtype):
+    """The native op ``name`` for rows of ``dtype`` (bf16 ones round as PyTorch's bf16 ops)."""
+    return getattr(_native, name + "_bf16" if dtype == torch.bfloat16 else name)
 
 
 def rmsnorm_fits(x: torch.Tensor, weight: torch.Tensor, residual: Optional[torch.Tensor]) -> bool:
     n = weight.numel()
-    return (x.dim() >= 1 and x.shape[-1] == n and weight.dim() == 1 and _fp32_cpu(x, weight)
-            and (residual is None or (residual.shape == x.shape and _fp32_cpu(residual))))
+    return (x.dim() >= 1 and x.shape[-1] == n and weight.dim() == 1 and _cpu(x.dtype, x, weight)
+            and (residual is None or (residual.shape == x.shape and _cpu(x.dtype, residual))))
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float,
             residual: Optional[torch.Tensor] = None):
-    """``x / rms(x) * weight``; with ``residual``, ``(norm(x + residual), x + residual)``."""
+    """``x / rms(x) * weight``; with ``residual``, ``(norm(x + residual), x + residual)``. In
+    bf16 as sglang's ``forward_native``: the sum rounded to bf16, the norm from its fp32 value."""
     n = weight.numel()
     rows = x.numel() // n
     out = torch.empty_like(x)
     summed = torch.empty_like(x) if residual is not None else None
-    _native.rmsnorm(x.data_ptr(), 0 if residual is None else residual.data_ptr(), weight.data_ptr(),
-                    out.data_ptr(), 0 if summed is None else summed.data_ptr(), rows, n, float(eps))
+    _op("rmsnorm", x.dtype)(x.data_ptr(), 0 if residual is None else residual.data_ptr(),
+                            weight.data_ptr(), out.data_ptr(),
+                            0 if summed is None else summed.data_ptr(), rows, n, float(eps))
     return out if residual is None else (out, summed)
 
 
 def _rows(x: torch.Tensor, tokens: int, head_size: int) -> Optional[int]:
-    """The row stride (floats) of ``x`` read as ``tokens`` rows of whole heads, or None where
+    """The row stride (elements) of ``x`` read as ``tokens`` rows of whole heads, or None where
     it is not such a layout: contiguous, or 2-D with contiguous rows (q or k split out of a
     fused qkv row, as sglang's models do)."""
-    if x.dtype != torch.float32 or x.device.type != "cpu" or tokens == 0:
+    if x.dtype not in _DTYPES or x.device.type != "cpu" or tokens == 0:
         return None
     if x.is_contiguous():
         width = x.numel() // tokens
@@ -80,7 +92,8 @@ def rotary_fits(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
     tokens = positions.numel()
     return (positions.dtype == torch.int64 and positions.is_contiguous()
             and cos_sin_cache.dim() == 2 and cos_sin_cache.shape[1] == rotary_dim
-            and 0 < rotary_dim <= head_size and rotary_dim % 2 == 0 and _fp32_cpu(cos_sin_cache)
+            and 0 < rotary_dim <= head_size and rotary_dim % 2 == 0
+            and _cpu(query.dtype, cos_sin_cache) and key.dtype == query.dtype
             and _rows(query, tokens, head_size) is not None
             and _rows(key, tokens, head_size) is not None)
 
@@ -94,15 +107,16 @@ def rotary(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
     k_out = torch.empty(key.shape, dtype=key.dtype)
     if tokens:
         q_stride, k_stride = _rows(query, tokens, head_size), _rows(key, tokens, head_size)
-        _native.rotary(positions.data_ptr(), query.data_ptr(), q_stride, key.data_ptr(), k_stride,
-                       q_out.data_ptr(), k_out.data_ptr(), cos_sin_cache.data_ptr(),
-                       cos_sin_cache.shape[0], tokens, query.numel() // (tokens * head_size),
-                       key.numel() // (tokens * head_size), head_size, rotary_dim, bool(neox))
+        _op("rotary", query.dtype)(
+            positions.data_ptr(), query.data_ptr(), q_stride, key.data_ptr(), k_stride,
+            q_out.data_ptr(), k_out.data_ptr(), cos_sin_cache.data_ptr(), cos_sin_cache.shape[0],
+            tokens, query.numel() // (tokens * head_size), key.numel() // (tokens * head_size),
+            head_size, rotary_dim, bool(neox))
     return q_out, k_out
 
 
 def silu_mul_fits(x: torch.Tensor) -> bool:
-    return x.dim() >= 1 and x.shape[-1] % 2 == 0 and x.shape[-1] > 0 and _fp32_cpu(x)
+    return x.dim() >= 1 and x.shape[-1] % 2 == 0 and x.shape[-1] > 0 and _cpu(x.dtype, x)
 
 
 def silu_mul(x: torch.Tensor) -> torch.Tensor:
@@ -111,5 +125,5 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(x.shape[:-1] + (d,), dtype=x.dtype)
     rows = x.numel() // (2 * d)
     if rows:
-        _native.silu_mul(x.data_ptr(), out.data_ptr(), rows, d)
+        _op("silu_mul", x.dtype)(x.data_ptr(), out.data_ptr(), rows, d)
     return out

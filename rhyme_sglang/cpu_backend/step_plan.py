@@ -18,7 +18,7 @@ class StepPlan:
     converted once for all layers: the cache rows to write, the per-request int64 arrays and
     the tree. :meth:`attend` then does what ``decode_attention_cpu`` / ``extend_attention_cpu``
     do on their native path (the same ``_store_kv`` and ``_native_call``), minus their
-    per-layer checks and conversions. Built by :func:`plan_step`, for an fp32 K/V cache."""
+    per-layer checks and conversions. Built by :func:`plan_step`, for an fp32 or bf16 K/V cache."""
 
     __slots__ = ("req_to_token", "longs", "cache_loc", "tree", "verify")
 
@@ -30,8 +30,9 @@ class StepPlan:
         self.verify = verify
 
     def attend(self, q, k, v, k_buffer, v_buffer, sm_scale: float) -> torch.Tensor:
-        """Store this step's K/V rows, attend; q [T, H * D] fp32 contiguous, k/v [T, Hkv * D*]
-        fp32 rows with unit inner stride. Returns o [T, H * Dv] fp32."""
+        """Store this step's K/V rows, attend; q [T, H * D] contiguous, k/v [T, Hkv * D*] rows
+        with unit inner stride, all in the cache's dtype. Returns o [T, H * Dv] in q's dtype
+        (attended in fp32; bf16 rounded from it, as the ops' copy into a bf16 output rounds)."""
         _store_kv(k_buffer, v_buffer, k, v, self.cache_loc, native=True)
         rows, d, dv = q.shape[0], k_buffer.shape[2], v_buffer.shape[2]
         heads = q.shape[1] // d
@@ -39,7 +40,7 @@ class StepPlan:
         fresh = (k, v) if self.verify else (None, None)  # as extend_attention_cpu: the op's own
         _native_call(q.view(rows, heads, d), o, k_buffer, v_buffer, self.req_to_token,
                      self.longs, sm_scale, 0.0, True, *fresh, tree=self.tree)
-        return o.view(rows, heads * dv)
+        return o.view(rows, heads * dv).to(q.dtype)
 
 
 def plan_step(backend, forward_batch, k_buffer, v_buffer, tokens: int):
@@ -49,7 +50,7 @@ def plan_step(backend, forward_batch, k_buffer, v_buffer, tokens: int):
     req_to_token = backend.req_to_token_pool.req_to_token
     if (not native_enabled() or getattr(backend, "draft_decode_metadata", None) is not None
             or getattr(backend, "use_sliding_window_kv_pool", False)
-            or k_buffer.dtype != torch.float32 or v_buffer.dtype != torch.float32
+            or k_buffer.dtype not in (torch.float32, torch.bfloat16) or v_buffer.dtype != k_buffer.dtype
             or not k_buffer.is_contiguous() or not v_buffer.is_contiguous()
             or req_to_token.dtype != torch.int32 or req_to_token.dim() != 2
             or req_to_token.stride(1) != 1):

@@ -43,11 +43,14 @@ def _fused(gen, tokens):
 
 
 @needs_native
-def test_decode_plan_is_bit_identical_to_the_decode_op():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_plan_is_bit_identical_to_the_decode_op(dtype):
+    """fp32, and a bf16 model's rows and cache (attended in fp32, the output rounded to bf16
+    by both)."""
     gen = torch.Generator().manual_seed(3)
     seq = [5, 9, 2]
-    kb, vb, r2t, rows = _paged_cache(gen, seq, KV_HEADS, DIM, DIM, torch.float32)
-    q, k, v = _fused(gen, len(seq))
+    kb, vb, r2t, rows = _paged_cache(gen, seq, KV_HEADS, DIM, DIM, dtype)
+    q, k, v = (t.to(dtype) for t in _fused(gen, len(seq)))
     last = torch.tensor([int(r2t[r, n - 1]) for r, n in zip(rows.tolist(), seq)])
     lens = torch.tensor(seq)
     batch = SimpleNamespace(forward_mode=_Mode("decode"), out_cache_loc=last,
@@ -56,12 +59,12 @@ def test_decode_plan_is_bit_identical_to_the_decode_op():
     with _impl("native"):
         plan = step_plan.plan_step(_backend(r2t), batch, kb, vb, len(seq))
         got = plan.attend(q, k, v, kb, vb, 0.35)
-        want = torch.zeros(len(seq), HEADS, DIM)
+        want = torch.zeros(len(seq), HEADS, DIM, dtype=dtype)
         attention.decode_attention_cpu(q.view(-1, HEADS, DIM), kb2, vb2, 1.0, 1.0, want,
                                        k.view(-1, KV_HEADS, DIM), v.view(-1, KV_HEADS, DIM),
                                        last, None, r2t, rows, lens, 0.35, 0.0, False, 0)
     assert torch.equal(kb, kb2) and torch.equal(vb, vb2)
-    assert torch.equal(got, want.view(len(seq), -1))
+    assert got.dtype == dtype and torch.equal(got, want.view(len(seq), -1))
 
 
 @needs_native
@@ -109,7 +112,8 @@ def test_no_plan_where_the_general_path_is_needed():
     if attention._native is None:
         return
     with _impl("native"):
-        assert step_plan.plan_step(_backend(r2t), batch, kb.bfloat16(), vb.bfloat16(), 1) is None
+        assert step_plan.plan_step(_backend(r2t), batch, kb.half(), vb.half(), 1) is None
+        assert step_plan.plan_step(_backend(r2t), batch, kb.bfloat16(), vb, 1) is None
         drafting = _backend(r2t)
         drafting.draft_decode_metadata = (r2t, torch.tensor([3]), rows)
         assert step_plan.plan_step(drafting, batch, kb, vb, 1) is None

@@ -164,7 +164,74 @@ def test_silu_mul_matches_torch_and_keeps_rows_apart(d):
     assert small_ops.silu_mul(torch.empty(0, 2 * d)).shape == (0, d)
 
 
-def test_silu_mul_fits_only_fp32_cpu_even_rows():
+def test_silu_mul_fits_only_fp32_or_bf16_cpu_even_rows():
     assert not small_ops.silu_mul_fits(torch.randn(2, 7))
-    assert not small_ops.silu_mul_fits(torch.randn(2, 8, dtype=torch.bfloat16))
+    assert small_ops.silu_mul_fits(torch.randn(2, 8, dtype=torch.bfloat16))
+    assert not small_ops.silu_mul_fits(torch.randn(2, 8, dtype=torch.float16))
     assert not small_ops.silu_mul_fits(torch.randn(8, 2).t())  # not contiguous
+
+
+# ---- bf16 rows: computed in fp32, rounded where PyTorch's bf16 ops round ---------------------
+def _bf16_reference_rmsnorm(x, weight, eps, residual=None):
+    """sglang's ``RMSNorm.forward_native`` on bf16 tensors."""
+    xf = x.float()
+    if residual is not None:
+        xf = xf + residual.float()
+        residual = xf.to(torch.bfloat16)
+    xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps)
+    out = (xf * weight).to(torch.bfloat16)
+    return out if residual is None else (out, residual)
+
+
+@pytest.mark.parametrize("rows", [1, 9])
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_bf16_rmsnorm_matches_sglang(rows, with_residual):
+    gen = torch.Generator().manual_seed(rows)
+    x = (torch.randn(rows, 576, generator=gen) * 3).bfloat16()
+    weight = torch.randn(576, generator=gen).bfloat16()
+    residual = torch.randn(rows, 576, generator=gen).bfloat16() if with_residual else None
+    assert small_ops.rmsnorm_fits(x, weight, residual)
+    assert not small_ops.rmsnorm_fits(x, weight.float(), residual)  # one dtype throughout
+    got = small_ops.rmsnorm(x, weight, 1e-5, residual)
+    want = _bf16_reference_rmsnorm(x, weight, 1e-5, residual)
+    if with_residual:
+        assert got[0].dtype == got[1].dtype == torch.bfloat16
+        assert torch.equal(got[1], want[1])  # one fp32 add, one rounding either way
+        got, want = got[0], want[0]
+    torch.testing.assert_close(got, want)  # bf16 tolerance: the sum of squares' order differs
+    assert (got != want).float().mean() < 0.01
+    one = small_ops.rmsnorm(x[-1:], weight, 1e-5, None if residual is None else residual[-1:])
+    assert torch.equal((one[0] if with_residual else one)[0], got[-1])
+
+
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("fused", [False, True])
+def test_bf16_rotary_is_pytorchs_bf16_ops_bit_for_bit(neox, fused):
+    """With a bf16 table (sglang casts it to the model's dtype on CPU): every product and sum
+    rounded to bf16, as PyTorch's separate ops on bf16 tensors round them."""
+    gen = torch.Generator().manual_seed(5 + neox)
+    head_size, tokens, rot = 64, 11, 32
+    cache = torch.randn(300, rot, generator=gen).bfloat16()
+    positions = torch.randint(0, 300, (tokens,), generator=gen)
+    qkv = torch.randn(tokens, 15 * head_size, generator=gen).bfloat16()
+    query, key, _ = qkv.split([9 * head_size, 3 * head_size, 3 * head_size], dim=-1)
+    if not fused:
+        query, key = query.contiguous(), key.contiguous()
+    assert small_ops.rotary_fits(positions, query, key, cache, head_size, rot)
+    assert not small_ops.rotary_fits(positions, query, key, cache.float(), head_size, rot)
+    q, k = small_ops.rotary(positions, query, key, cache, head_size, rot, neox)
+    q_ref, k_ref = _reference_rotary(positions, query, key, cache, head_size, rot, neox)
+    assert q.dtype == torch.bfloat16 and torch.equal(q, q_ref) and torch.equal(k, k_ref)
+
+
+def test_bf16_silu_mul_matches_torch_and_keeps_rows_apart():
+    gen = torch.Generator().manual_seed(2)
+    d = 13
+    x = (torch.randn(5, 2 * d, generator=gen) * 4).bfloat16()
+    got = small_ops.silu_mul(x)
+    expected = torch.nn.functional.silu(x[:, :d]) * x[:, d:]  # two bf16 roundings
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, expected)
+    assert (got != expected).float().mean() < 0.05  # silu's exp is ~1e-7 off torch's
+    for r in range(5):
+        assert torch.equal(small_ops.silu_mul(x[r:r + 1].clone())[0], got[r])

@@ -34,6 +34,15 @@ struct Ops {
                    int64_t table_rows, int64_t tokens, int64_t q_heads, int64_t k_heads,
                    int64_t head_size, int64_t rot_dim, bool neox);
     void (*silu_mul)(const float* x, float* out, int64_t rows, int64_t d);
+    // the same on bf16 rows (bf16 weights and cos/sin table), rounding as PyTorch's bf16 ops
+    void (*rmsnorm_bf16)(const uint16_t* x, const uint16_t* residual, const uint16_t* weight,
+                         uint16_t* out, uint16_t* residual_out, int64_t rows, int64_t n, float eps);
+    void (*rotary_bf16)(const int64_t* positions, const uint16_t* q, int64_t q_stride,
+                        const uint16_t* k, int64_t k_stride, uint16_t* q_out, uint16_t* k_out,
+                        const uint16_t* cos_sin, int64_t table_rows, int64_t tokens,
+                        int64_t q_heads, int64_t k_heads, int64_t head_size, int64_t rot_dim,
+                        bool neox);
+    void (*silu_mul_bf16)(const uint16_t* x, uint16_t* out, int64_t rows, int64_t d);
 };
 
 // _rhyme_attention: paged attention and the K/V store (paged_attention.cpp).

@@ -9,15 +9,18 @@
 // decode rows get the same bits). Built without fast-math and with -ffp-contract=off:
 // the rotary products and sums round as PyTorch's separate multiply and add do.
 //
-// Called from rhyme_sglang/cpu_backend/small_ops.py with raw pointers to contiguous float32
-// tensors that Python checked; no torch headers are needed to build it.
+// Each op also takes bf16 rows (a bf16 model), computing in fp32 and rounding to bf16 where
+// PyTorch's ops on bf16 tensors round. Called from rhyme_sglang/cpu_backend/small_ops.py with raw pointers to
+// contiguous float32 (or bf16) tensors that Python checked; no torch headers are needed.
 
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "kernels.h"
 #include "vec.h"
@@ -27,6 +30,17 @@ namespace py = pybind11;
 namespace {
 
 using namespace rhyme_vec;
+
+// Elements of fp32 and bf16 rows: widened to fp32 on load; narrow<T> rounds an fp32 result to
+// T (exact for fp32; to nearest even for bf16), and rounded<T> gives the value a PyTorch op on
+// T tensors leaves of its fp32 result (a bf16 op computes in fp32 and rounds).
+[[gnu::always_inline]] inline float wide(float x) { return x; }
+[[gnu::always_inline]] inline float wide(uint16_t x) { return bf16_to_f32(x); }
+template <typename T> T narrow(float f);
+template <> [[gnu::always_inline]] inline float narrow<float>(float f) { return f; }
+template <> [[gnu::always_inline]] inline uint16_t narrow<uint16_t>(float f) { return f32_to_bf16(f); }
+template <typename T>
+[[gnu::always_inline]] inline float rounded(float f) { return wide(narrow<T>(f)); }
 
 // Sum of squares of n floats: 8 lanes of partial sums over i = lane (mod 8), then the lanes
 // and the tail in index order.
@@ -44,82 +58,91 @@ template <typename V>
     return total;
 }
 
-template <typename V>
-[[gnu::always_inline]] inline void rmsnorm_rows(const float* x, const float* residual, const float* weight,
-                                                float* out, float* residual_out, int64_t rows, int64_t n,
-                                                float eps) {
+// As sglang's RMSNorm.forward_native: x (+ residual) summed in fp32, the sum (rounded to T) the
+// new residual, normalised from the fp32 sum, times the weight, rounded to T once.
+template <typename V, typename T>
+[[gnu::always_inline]] inline void rmsnorm_rows(const T* x, const T* residual, const T* weight, T* out,
+                                                T* residual_out, int64_t rows, int64_t n, float eps) {
+    std::vector<float> sum(n);
     for (int64_t r = 0; r < rows; ++r) {
-        const float* src = x + r * n;
-        float* dst = out + r * n;
-        if (residual != nullptr) {  // residual_out = x + residual, normalised from there
-            float* sum = residual_out + r * n;
-            const float* res = residual + r * n;
-            for (int64_t i = 0; i < n; ++i) sum[i] = src[i] + res[i];
-            src = sum;
+        const T* src = x + r * n;
+        if (residual != nullptr) {
+            const T* res = residual + r * n;
+            for (int64_t i = 0; i < n; ++i) {
+                sum[i] = wide(src[i]) + wide(res[i]);
+                residual_out[r * n + i] = narrow<T>(sum[i]);
+            }
+        } else {
+            for (int64_t i = 0; i < n; ++i) sum[i] = wide(src[i]);
         }
-        const float scale = 1.f / std::sqrt(sum_squares<V>(src, n) / static_cast<float>(n) + eps);
-        for (int64_t i = 0; i < n; ++i) dst[i] = (src[i] * scale) * weight[i];
+        const float scale = 1.f / std::sqrt(sum_squares<V>(sum.data(), n) / static_cast<float>(n) + eps);
+        for (int64_t i = 0; i < n; ++i) out[r * n + i] = narrow<T>((sum[i] * scale) * wide(weight[i]));
     }
 }
 
-__attribute__((target("avx2"))) void rmsnorm_avx2(const float* x, const float* residual, const float* weight,
-                                                  float* out, float* residual_out, int64_t rows, int64_t n,
-                                                  float eps) {
+template <typename T>
+__attribute__((target("avx2"))) void rmsnorm_avx2(const T* x, const T* residual, const T* weight, T* out,
+                                                  T* residual_out, int64_t rows, int64_t n, float eps) {
     rmsnorm_rows<v8f>(x, residual, weight, out, residual_out, rows, n, eps);
 }
 
-void rmsnorm_default(const float* x, const float* residual, const float* weight, float* out,
-                     float* residual_out, int64_t rows, int64_t n, float eps) {
+template <typename T>
+void rmsnorm_default(const T* x, const T* residual, const T* weight, T* out, T* residual_out, int64_t rows,
+                     int64_t n, float eps) {
     rmsnorm_rows<v8f>(x, residual, weight, out, residual_out, rows, n, eps);
 }
 
 // out = rmsnorm(x [+ residual]) * weight; with a residual, residual_out = x + residual.
-void rmsnorm_kernel(const float* x, const float* residual, const float* weight, float* out,
-                    float* residual_out, int64_t rows, int64_t n, float eps) {
+template <typename T>
+void rmsnorm_kernel(const T* x, const T* residual, const T* weight, T* out, T* residual_out, int64_t rows,
+                    int64_t n, float eps) {
     if (rows < 0 || n <= 0) throw std::invalid_argument("rmsnorm needs rows >= 0 and n > 0");
     if (residual != nullptr && residual_out == nullptr)
         throw std::invalid_argument("a residual needs residual_out");
     static const bool avx2 = __builtin_cpu_supports("avx2");
-    (avx2 ? rmsnorm_avx2 : rmsnorm_default)(x, residual, weight, out, residual_out, rows, n, eps);
+    (avx2 ? rmsnorm_avx2<T> : rmsnorm_default<T>)(x, residual, weight, out, residual_out, rows, n, eps);
 }
 
+template <typename T>
 void rmsnorm(uintptr_t x, uintptr_t residual, uintptr_t weight, uintptr_t out, uintptr_t residual_out,
              int64_t rows, int64_t n, double eps) {
     py::gil_scoped_release release;
-    rmsnorm_kernel(reinterpret_cast<const float*>(x), reinterpret_cast<const float*>(residual),
-                   reinterpret_cast<const float*>(weight), reinterpret_cast<float*>(out),
-                   reinterpret_cast<float*>(residual_out), rows, n, static_cast<float>(eps));
+    rmsnorm_kernel(reinterpret_cast<const T*>(x), reinterpret_cast<const T*>(residual),
+                   reinterpret_cast<const T*>(weight), reinterpret_cast<T*>(out), reinterpret_cast<T*>(residual_out),
+                   rows, n, static_cast<float>(eps));
 }
 
-// Rotary embedding of `heads` heads of head_size floats per token: token t's heads start at
+// Rotary embedding of `heads` heads of head_size elements per token: token t's heads start at
 // src + t * src_stride (a row of q or k inside a fused qkv row, say) and go to dst + t * heads
 // * head_size. The first rot_dim dims are rotated, the rest copied: neox style rotates
-// (i, i + rot/2) pairs, GPT-J style (2i, 2i + 1). cos_sin [positions][rot_dim]: cos in the
-// first half, sin in the second.
-void rotate_rows(const float* src, int64_t src_stride, float* dst, const int64_t* positions,
-                 const float* cos_sin, int64_t tokens, int64_t heads, int64_t head_size, int64_t rot_dim,
-                 bool neox) {
+// (i, i + rot/2) pairs, GPT-J style (2i, 2i + 1). cos_sin [positions][rot_dim] (of T): cos in
+// the first half, sin in the second. Every product and sum is rounded to T, as PyTorch's
+// separate ops on T tensors round them (a product of two bf16 is exact in fp32): the same bits.
+template <typename T>
+void rotate_rows(const T* src, int64_t src_stride, T* dst, const int64_t* positions, const T* cos_sin,
+                 int64_t tokens, int64_t heads, int64_t head_size, int64_t rot_dim, bool neox) {
     const int64_t half = rot_dim / 2;
     for (int64_t t = 0; t < tokens; ++t) {
-        const float* cos = cos_sin + positions[t] * rot_dim;
-        const float* sin = cos + half;
+        const T* cos = cos_sin + positions[t] * rot_dim;
+        const T* sin = cos + half;
         for (int64_t h = 0; h < heads; ++h) {
-            const float* x = src + t * src_stride + h * head_size;
-            float* o = dst + (t * heads + h) * head_size;
+            const T* x = src + t * src_stride + h * head_size;
+            T* o = dst + (t * heads + h) * head_size;
             for (int64_t i = 0; i < half; ++i) {
                 const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-                const float x1 = x[a], x2 = x[b];
-                o[a] = x1 * cos[i] - x2 * sin[i];
-                o[b] = x2 * cos[i] + x1 * sin[i];
+                const float x1 = wide(x[a]), x2 = wide(x[b]), c = wide(cos[i]), sn = wide(sin[i]);
+                o[a] = narrow<T>(rounded<T>(x1 * c) - rounded<T>(x2 * sn));
+                o[b] = narrow<T>(rounded<T>(x2 * c) + rounded<T>(x1 * sn));
             }
             for (int64_t i = rot_dim; i < head_size; ++i) o[i] = x[i];
         }
     }
 }
 
-void rotary_kernel(const int64_t* pos, const float* q, int64_t q_stride, const float* k, int64_t k_stride,
-                   float* q_out, float* k_out, const float* table, int64_t table_rows, int64_t tokens,
-                   int64_t q_heads, int64_t k_heads, int64_t head_size, int64_t rot_dim, bool neox) {
+template <typename T>
+void rotary_kernel(const int64_t* pos, const T* q, int64_t q_stride, const T* k, int64_t k_stride, T* q_out,
+                   T* k_out, const T* table, int64_t table_rows, int64_t tokens, int64_t q_heads,
+                   int64_t k_heads, int64_t head_size, int64_t rot_dim, bool neox) {
     if (tokens < 0 || head_size <= 0 || rot_dim <= 0 || rot_dim > head_size || rot_dim % 2)
         throw std::invalid_argument("rotary needs 0 < rot_dim <= head_size, rot_dim even");
     if (q_stride < q_heads * head_size || k_stride < k_heads * head_size)
@@ -132,65 +155,79 @@ void rotary_kernel(const int64_t* pos, const float* q, int64_t q_stride, const f
     rotate_rows(k, k_stride, k_out, pos, table, tokens, k_heads, head_size, rot_dim, neox);
 }
 
+template <typename T>
 void rotary(uintptr_t positions, uintptr_t q, int64_t q_stride, uintptr_t k, int64_t k_stride,
             uintptr_t q_out, uintptr_t k_out, uintptr_t cos_sin, int64_t table_rows, int64_t tokens,
             int64_t q_heads, int64_t k_heads, int64_t head_size, int64_t rot_dim, bool neox) {
     py::gil_scoped_release release;
-    rotary_kernel(reinterpret_cast<const int64_t*>(positions), reinterpret_cast<const float*>(q), q_stride,
-                  reinterpret_cast<const float*>(k), k_stride, reinterpret_cast<float*>(q_out),
-                  reinterpret_cast<float*>(k_out), reinterpret_cast<const float*>(cos_sin), table_rows,
-                  tokens, q_heads, k_heads, head_size, rot_dim, neox);
+    rotary_kernel(reinterpret_cast<const int64_t*>(positions), reinterpret_cast<const T*>(q), q_stride,
+                  reinterpret_cast<const T*>(k), k_stride, reinterpret_cast<T*>(q_out), reinterpret_cast<T*>(k_out),
+                  reinterpret_cast<const T*>(cos_sin), table_rows, tokens, q_heads, k_heads, head_size, rot_dim,
+                  neox);
 }
 
 // SiLU-and-mul of a fused gate/up row: out[r][i] = silu(x[r][i]) * x[r][d + i], with
 // silu(g) = g * sigmoid(g) and sigmoid from e = exp(-|g|) (exp8 of vec.h, ~1e-7 relative), so
 // nothing overflows: 1 / (1 + e) for g >= 0, e / (1 + e) below. Each element depends only on
-// its own two inputs; a row's tail goes through the same vector code, one lane used.
+// its own two inputs. In bf16, as F.silu(gate) * up on bf16 tensors: silu rounded, then the
+// product. Eight at a time; a row's tail goes through the same vector code, lanes unused.
 [[gnu::always_inline]] inline v8f silu8(v8f g) {
     const v8f zero = splatv<v8f>(0.f), one = splatv<v8f>(1.f);
     const v8f e = exp8(g < zero ? g : -g);
     return g * (g >= zero ? one / (one + e) : e / (one + e));
 }
 
-[[gnu::always_inline]] inline void silu_mul_rows(const float* x, float* out, int64_t rows, int64_t d) {
+template <typename T>
+[[gnu::always_inline]] inline void silu_mul_rows(const T* x, T* out, int64_t rows, int64_t d) {
     for (int64_t r = 0; r < rows; ++r) {
-        const float* gate = x + r * 2 * d;
-        const float* up = gate + d;
-        float* o = out + r * d;
-        int64_t i = 0;
-        for (; i + 8 <= d; i += 8) storev<v8f>(o + i, silu8(loadv<v8f>(gate + i)) * loadv<v8f>(up + i));
-        for (; i < d; ++i) {
-            alignas(32) float lane[8] = {gate[i]};
-            o[i] = silu8(loadv<v8f>(lane))[0] * up[i];
+        const T* gate = x + r * 2 * d;
+        const T* up = gate + d;
+        T* o = out + r * d;
+        for (int64_t i = 0; i < d; i += 8) {
+            const int64_t n = std::min<int64_t>(8, d - i);
+            alignas(32) float g[8] = {};
+            for (int64_t j = 0; j < n; ++j) g[j] = wide(gate[i + j]);
+            const v8f s = silu8(loadv<v8f>(g));
+            for (int64_t j = 0; j < n; ++j) o[i + j] = narrow<T>(rounded<T>(s[j]) * wide(up[i + j]));
         }
     }
 }
 
-__attribute__((target("avx2"))) void silu_mul_avx2(const float* x, float* out, int64_t rows, int64_t d) {
+template <typename T>
+__attribute__((target("avx2"))) void silu_mul_avx2(const T* x, T* out, int64_t rows, int64_t d) {
     silu_mul_rows(x, out, rows, d);
 }
 
-void silu_mul_default(const float* x, float* out, int64_t rows, int64_t d) { silu_mul_rows(x, out, rows, d); }
+template <typename T>
+void silu_mul_default(const T* x, T* out, int64_t rows, int64_t d) { silu_mul_rows(x, out, rows, d); }
 
-void silu_mul_kernel(const float* x, float* out, int64_t rows, int64_t d) {
+template <typename T>
+void silu_mul_kernel(const T* x, T* out, int64_t rows, int64_t d) {
     if (rows < 0 || d <= 0) throw std::invalid_argument("silu_mul needs rows >= 0 and d > 0");
     static const bool avx2 = __builtin_cpu_supports("avx2");
-    (avx2 ? silu_mul_avx2 : silu_mul_default)(x, out, rows, d);
+    (avx2 ? silu_mul_avx2<T> : silu_mul_default<T>)(x, out, rows, d);
 }
 
+template <typename T>
 void silu_mul(uintptr_t x, uintptr_t out, int64_t rows, int64_t d) {
     py::gil_scoped_release release;
-    silu_mul_kernel(reinterpret_cast<const float*>(x), reinterpret_cast<float*>(out), rows, d);
+    silu_mul_kernel(reinterpret_cast<const T*>(x), reinterpret_cast<T*>(out), rows, d);
 }
 
-const rhyme_kernels::Ops kKernels{rhyme_kernels::kVersion, &rmsnorm_kernel, &rotary_kernel, &silu_mul_kernel};
+const rhyme_kernels::Ops kKernels{rhyme_kernels::kVersion,       &rmsnorm_kernel<float>,
+                                  &rotary_kernel<float>,         &silu_mul_kernel<float>,
+                                  &rmsnorm_kernel<uint16_t>,     &rotary_kernel<uint16_t>,
+                                  &silu_mul_kernel<uint16_t>};
 
 }  // namespace
 
 PYBIND11_MODULE(_rhyme_ops, m) {
     m.doc() = "RMSNorm, rotary embedding and SiLU-and-mul for few-row CPU steps (see small_ops.cpp)";
-    m.def("rmsnorm", &rmsnorm);
-    m.def("rotary", &rotary);
-    m.def("silu_mul", &silu_mul);
+    m.def("rmsnorm", &rmsnorm<float>);
+    m.def("rotary", &rotary<float>);
+    m.def("silu_mul", &silu_mul<float>);
+    m.def("rmsnorm_bf16", &rmsnorm<uint16_t>);
+    m.def("rotary_bf16", &rotary<uint16_t>);
+    m.def("silu_mul_bf16", &silu_mul<uint16_t>);
     m.attr("_kernels") = py::capsule(&kKernels, "rhyme_kernels::Ops");
 }

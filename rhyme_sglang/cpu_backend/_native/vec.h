@@ -1,5 +1,5 @@
 // Portable SIMD helpers shared by the CPU kernels: GCC vector types of 8 and 16 floats, and
-// load / store / broadcast for either, and exp of 8 non-positive floats. Each kernel instantiates its templates inside functions
+// load / store / broadcast for either, bf16 <-> fp32, and exp of 8 non-positive floats. Each kernel instantiates its templates inside functions
 // built for one ISA (target attributes), so the same source compiles to ymm or zmm code.
 #pragma once
 
@@ -41,6 +41,25 @@ template <>
     const v16f v = {x};
     return __builtin_shufflevector(v, v, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
 }
+
+// bf16 <-> fp32, one value. A bf16 is the high half of an fp32; fp32 -> bf16 rounds to
+// nearest even, as torch's conversion does (a NaN becomes 0x7FC0).
+[[gnu::always_inline]] inline float bf16_to_f32(uint16_t x) {
+    const uint32_t bits = static_cast<uint32_t>(x) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+[[gnu::always_inline]] inline uint16_t f32_to_bf16(float f) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;
+    return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+}
+
+// f rounded to bf16 and widened back: what a PyTorch op on bf16 tensors leaves of its fp32 result.
+[[gnu::always_inline]] inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
 // exp(x) lane by lane for x <= 0 (scores minus their row maximum): Cody-Waite reduction to
 // r in [-ln2/2, ln2/2], a degree-6 Taylor polynomial (relative error ~1e-7), and the power of
