@@ -1,7 +1,9 @@
-"""Our CPU engine against HF ``generate``, its verify/plain step costs, and this machine's roofline.
+"""Our CPU engine against HF ``generate``, its verify/plain step costs, and this machine's roofline,
+in both dtypes, and what ``dtype auto`` picks here.
 
-One run, side by side (same model, same dtype, greedy, same random prompts of ``--prompt-len``
-tokens, ``--max-new-tokens`` tokens each with ignore_eos):
+One run, side by side, for each of fp32 and bf16 (``--dtype both``, the default; same model,
+greedy, same random prompts of ``--prompt-len`` tokens, ``--max-new-tokens`` tokens each with
+ignore_eos), each against HF in the same dtype:
 
 1. HF transformers ``generate`` at batch 1, 8, 32 (in this process, on as many threads as
    the engine computes with: its torch or its native kernels' threads, whichever is more);
@@ -18,7 +20,10 @@ tokens, ``--max-new-tokens`` tokens each with ignore_eos):
    hot in cache). A step's bound is max(weight bytes / bandwidth, GEMM time); attention and
    sampling are not in it (short contexts here).
 
-    python -m benchmarks.bench_cpu_engine [--model smollm2] [--dtype auto] [--json OUT]
+Then fp32's tok/s and plain steps against bf16's, and auto's tok/s against the faster dtype's
+(``dtypes`` in the JSON; the top-level figures are auto's dtype, ``by_dtype`` holds both).
+
+    python -m benchmarks.bench_cpu_engine [--model smollm2] [--dtype both] [--json OUT]
     python -m benchmarks.bench_cpu_engine --quick   # tiny model smoke run
 """
 
@@ -219,8 +224,8 @@ def _timed(fn) -> float:
 def gemm_seconds(shapes, layers: int, dtype: str, rows: int, repeats: int = 3) -> dict:
     """Time of one forward's linears at ``rows`` tokens (best of ``repeats`` per shape), per
     kernel: ``plain`` (``F.linear``), ``packed`` (oneDNN with a packed weight, where it can
-    pack), ``native`` (our few-row fp32 kernel, where it is built) and ``best`` (the fastest
-    per shape: what this machine can do)."""
+    pack), ``native`` (our few-row kernel, where it is built: fp32, and bf16 with avx512_bf16)
+    and ``best`` (the fastest per shape: what this machine can do)."""
     import torch
     import torch.nn.functional as F
 
@@ -267,11 +272,66 @@ def bound(roof: dict, rows: int) -> float:
     return max(roof["memory_s"], roof["gemm_s"][str(rows)])
 
 
-# ---- main ------------------------------------------------------------------------------------
+# ---- main ----------------------------------------------------------------------------------
+def measure_dtype(args, dtype: str, model_path: str, vocab: int, prompts) -> dict:
+    """Every figure of one dtype: HF, the roofline, the vanilla and the RHYME server."""
+    width = args.verify_width
+    rows = width + 1  # a verify forward: the last accepted token + ``width`` draft tokens
+    hf = hf_throughput(model_path, dtype, prompts, THROUGHPUT_BATCHES, args.max_new_tokens)
+    roof = roofline(model_path, dtype, list(PLAIN_BATCHES) + [b * rows for b in VERIFY_ROOFLINE_BATCHES])
+    vanilla = vanilla_server(model_path, dtype, prompts, args.max_new_tokens)
+    rhyme = rhyme_server(model_path, dtype, vocab, args.prompt_len, args.max_new_tokens, width,
+                         args.seed, vanilla["plain_step_s"])
+    plain_s = vanilla["plain_step_s"]
+    ratio = rhyme["verify_over_plain"]
+    return {
+        "dtype": dtype, "hf_tok_s": hf, "engine_tok_s": vanilla["tok_s"], "verify_over_plain": ratio,
+        "step_over_roofline": {
+            "plain": {str(b): plain_s[str(b)] / bound(roof, b) for b in PLAIN_BATCHES},
+            "verify": {str(b): ratio[str(b)] * plain_s[str(b)] / bound(roof, b * rows)
+                       for b in VERIFY_ROOFLINE_BATCHES if str(b) in ratio},
+        },
+        "plain_step_s": plain_s, "perfect_history_tok_s": rhyme["perfect_history_tok_s"],
+        "cost_model_s": rhyme["cost_model_s"], "plain_source": rhyme["plain_source"],
+        "roofline": roof,
+    }
+
+
+def compare_dtypes(by_dtype: dict, auto: str) -> dict:
+    """With both dtypes measured: fp32's engine tok/s over bf16's, fp32's plain step time over
+    bf16's (> 1: bf16's step is faster), and auto's tok/s over the faster dtype's at each batch
+    (1.0: auto picked the faster)."""
+    fp32, bf16 = by_dtype["float32"], by_dtype["bfloat16"]
+    tok = {b: fp32["engine_tok_s"][b] / bf16["engine_tok_s"][b] for b in fp32["engine_tok_s"]}
+    return {
+        "fp32_over_bf16_tok_s": tok,
+        "fp32_step_over_bf16": {b: fp32["plain_step_s"][b] / bf16["plain_step_s"][b]
+                                for b in fp32["plain_step_s"]},
+        "auto_over_best_tok_s": {b: by_dtype[auto]["engine_tok_s"][b]
+                                 / max(d["engine_tok_s"][b] for d in by_dtype.values())
+                                 for b in fp32["engine_tok_s"]},
+    }
+
+
+def summary_line(args, report: dict, threads: int, kernels: int) -> str:
+    """One dtype's figures: engine vs HF tok/s, verify/plain, step/roofline."""
+    hf, ratio = report["hf_tok_s"], report["verify_over_plain"]
+    return (f"bench_cpu_engine {args.model} {report['dtype']}, {threads} torch + {kernels} kernel "
+            f"thread(s) (HF {max(threads, kernels)}): " + "; ".join(
+                f"batch {b}: engine {report['engine_tok_s'][b]:.0f} tok/s vs HF {hf[b]:.0f} "
+                f"(x{report['engine_tok_s'][b] / hf[b]:.2f})" for b in hf)
+            + " | verify/plain " + ", ".join(f"{b}: {r:.2f}" for b, r in ratio.items())
+            + " | step/roofline plain " + ", ".join(
+                f"{b}: {r:.2f}" for b, r in report["step_over_roofline"]["plain"].items())
+            + " verify " + ", ".join(
+                f"{b}: {r:.2f}" for b, r in report["step_over_roofline"]["verify"].items()))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_cpu_engine")
     parser.add_argument("--model", default="smollm2")
-    parser.add_argument("--dtype", default="auto", help="auto (measured) | float32 | bfloat16")
+    parser.add_argument("--dtype", default="both",
+                        help="both (float32 and bfloat16, and what auto picks) | auto | float32 | bfloat16")
     parser.add_argument("--threads", default="auto",
                         help="compute threads of the engine and HF (RHYME_CPU_THREADS); auto = default rule")
     parser.add_argument("--kernel-threads", default="auto",
@@ -299,12 +359,13 @@ def main(argv=None) -> int:
     from transformers import AutoConfig
 
     from rhyme_sglang.machine import (choose_kernel_threads, choose_scheduler_threads, cpu_flags,
-                                      kernel_threads_from_env, resolve_dtype, set_kernel_threads,
-                                      threads_from_env, usable_cores)
+                                      decode_probe, kernel_threads_from_env, resolve_dtype,
+                                      set_kernel_threads, threads_from_env, usable_cores)
     from rhyme_sglang.models import resolve_model_path
 
     torch.manual_seed(args.seed)
-    dtype = resolve_dtype(args.dtype)
+    auto = resolve_dtype("auto")
+    dtypes = ("float32", "bfloat16") if args.dtype == "both" else (resolve_dtype(args.dtype),)
     threads = choose_scheduler_threads(threads_from_env(), usable_cores())
     kernels = choose_kernel_threads(kernel_threads_from_env(), usable_cores())
     # HF and the roofline get the cores the engine computes on (its torch threads or its
@@ -314,41 +375,31 @@ def main(argv=None) -> int:
     model_path = resolve_model_path(args.model)
     vocab = AutoConfig.from_pretrained(model_path).vocab_size
     prompts = _prompts(vocab, max(PLAIN_BATCHES), args.prompt_len, args.seed)
-    width = args.verify_width
 
-    hf = hf_throughput(model_path, dtype, prompts, THROUGHPUT_BATCHES, args.max_new_tokens)
-    rows = width + 1  # a verify forward: the last accepted token + ``width`` draft tokens
-    roof = roofline(model_path, dtype, list(PLAIN_BATCHES) + [b * rows for b in VERIFY_ROOFLINE_BATCHES])
-    vanilla = vanilla_server(model_path, dtype, prompts, args.max_new_tokens)
-    rhyme = rhyme_server(model_path, dtype, vocab, args.prompt_len, args.max_new_tokens, width,
-                         args.seed, vanilla["plain_step_s"])
-
-    plain_s = vanilla["plain_step_s"]
-    ratio = rhyme["verify_over_plain"]
-    report = {
-        "dtype": dtype, "cpu_flags": cpu_flags(), "model": args.model, "threads": threads,
-        "kernel_threads": kernels, "hf_threads": max(threads, kernels),
-        "max_new_tokens": args.max_new_tokens, "prompt_len": args.prompt_len, "verify_width": width,
-        "hf_tok_s": hf, "engine_tok_s": vanilla["tok_s"], "verify_over_plain": ratio,
-        "step_over_roofline": {
-            "plain": {str(b): plain_s[str(b)] / bound(roof, b) for b in PLAIN_BATCHES},
-            "verify": {str(b): ratio[str(b)] * plain_s[str(b)] / bound(roof, b * rows)
-                       for b in VERIFY_ROOFLINE_BATCHES if str(b) in ratio},
-        },
-        "plain_step_s": plain_s, "perfect_history_tok_s": rhyme["perfect_history_tok_s"],
-        "cost_model_s": rhyme["cost_model_s"], "plain_source": rhyme["plain_source"],
-        "roofline": roof,
-    }
-    print(f"bench_cpu_engine {args.model} {dtype}, {threads} torch + {kernels} kernel "
-          f"thread(s) (HF {max(threads, kernels)}), CPU flags "
-          f"{' '.join(report['cpu_flags']) or '-'}: " + "; ".join(
-              f"batch {b}: engine {report['engine_tok_s'][b]:.0f} tok/s vs HF {hf[b]:.0f} "
-              f"(x{report['engine_tok_s'][b] / hf[b]:.2f})" for b in hf)
-          + " | verify/plain " + ", ".join(f"{b}: {r:.2f}" for b, r in ratio.items())
-          + " | step/roofline plain " + ", ".join(
-              f"{b}: {r:.2f}" for b, r in report["step_over_roofline"]["plain"].items())
-          + " verify " + ", ".join(
-              f"{b}: {r:.2f}" for b, r in report["step_over_roofline"]["verify"].items()))
+    by_dtype = {d: measure_dtype(args, d, model_path, vocab, prompts) for d in dtypes}
+    probe = decode_probe()
+    # the top-level figures are auto's dtype where it ran, else the one dtype asked for
+    report = {**by_dtype.get(auto, by_dtype[dtypes[0]]),
+              "cpu_flags": cpu_flags(), "model": args.model, "threads": threads,
+              "kernel_threads": kernels, "hf_threads": max(threads, kernels),
+              "max_new_tokens": args.max_new_tokens, "prompt_len": args.prompt_len,
+              "verify_width": args.verify_width, "auto_dtype": auto,
+              "decode_probe": {"float32": probe.float32, "bfloat16": probe.bfloat16,
+                               "describe": probe.describe()},
+              "by_dtype": by_dtype}
+    flags = " ".join(report["cpu_flags"]) or "-"
+    for d in dtypes:
+        print(summary_line(args, by_dtype[d], threads, kernels) + f" | CPU flags {flags}")
+    if len(by_dtype) == 2:
+        report["dtypes"] = compare_dtypes(by_dtype, auto)
+        c = report["dtypes"]
+        print(f"bench_cpu_engine {args.model} auto -> {auto} ({probe.describe()}): fp32/bf16 tok/s "
+              + ", ".join(f"{b}: x{r:.2f}" for b, r in c["fp32_over_bf16_tok_s"].items())
+              + "; bf16 plain step faster than fp32's by " + ", ".join(
+                  f"{b}: x{r:.2f}" for b, r in c["fp32_step_over_bf16"].items())
+              + "; auto/best tok/s " + ", ".join(
+                  f"{b}: {r:.2f}" for b, r in c["auto_over_best_tok_s"].items())
+              + f" | CPU flags {flags}")
     write_json(args.json, report)
     return 0
 

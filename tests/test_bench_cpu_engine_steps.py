@@ -1,4 +1,5 @@
-"""bench_cpu_engine's verify/plain ratio reads the median verify step, per request."""
+"""bench_cpu_engine: the verify/plain ratio reads the median verify step, per request; the
+dtype comparison."""
 
 from __future__ import annotations
 
@@ -16,3 +17,14 @@ def test_median_per_request_step_ignores_a_slow_first_step_and_other_kinds():
     assert median_verify_step({"timeline": timeline}, 4) is None  # one step: too few
     assert median_verify_step({"timeline": timeline}, 4, min_steps=1) == pytest.approx(0.075)
     assert median_verify_step({}, 8) is None
+
+
+def test_compare_dtypes_reads_which_dtype_is_faster_and_what_auto_lost():
+    from benchmarks.bench_cpu_engine import compare_dtypes
+
+    fp32 = {"engine_tok_s": {"1": 40.0, "8": 200.0}, "plain_step_s": {"1": 0.030, "8": 0.040}}
+    bf16 = {"engine_tok_s": {"1": 50.0, "8": 160.0}, "plain_step_s": {"1": 0.020, "8": 0.050}}
+    out = compare_dtypes({"float32": fp32, "bfloat16": bf16}, "bfloat16")
+    assert out["fp32_over_bf16_tok_s"] == pytest.approx({"1": 0.8, "8": 1.25})
+    assert out["fp32_step_over_bf16"] == pytest.approx({"1": 1.5, "8": 0.8})  # > 1: bf16 faster
+    assert out["auto_over_best_tok_s"] == pytest.approx({"1": 1.0, "8": 0.8})
