@@ -255,6 +255,14 @@ def test_a_stale_cache_entry_is_measured_again(monkeypatch, tmp_path):
     assert linear.kernel_choice(64, 32, torch.float32, cache=cache) == choice
 
 
+def test_native_is_kept_unless_another_kernel_is_clearly_faster():
+    """A bucket whose linears are all native runs the decoder step as one native call."""
+    margin = linear.NATIVE_MARGIN
+    assert linear.pick_kernel({"plain": 3.0, "onednn": 1.0, "native": 1.0 * margin}) == "native"
+    assert linear.pick_kernel({"plain": 3.0, "onednn": 1.0, "native": 1.01 * margin}) == "onednn"
+    assert linear.pick_kernel({"plain": 1.0, "onednn": 2.0}) == "plain"
+
+
 def test_bucket_index():
     assert [linear.bucket_index(r) for r in (1, 2, 3, 4, 5, 256, 10_000)] == [0, 1, 2, 2, 3, 8, 8]
 
