@@ -238,6 +238,9 @@ def run(config: RunConfig, resume: bool = False,
                 "history_epoch": [s.get("epoch") for s in rhyme_stats],
                 "history_responses": [s.get("num_responses") for s in rhyme_stats],
                 "history_memory_bytes": [s.get("memory_bytes") for s in rhyme_stats],
+                # per engine: ok, calibration_at_bound or verify_starved (core/health.py)
+                "speculation_health": [s.get("speculation_health", {}).get("status")
+                                       for s in rhyme_stats],
                 "train": {k: v for k, v in train_metrics.items() if k != "train_time_s"},
                 "breakdown": [summarize_breakdown(b) for b in breakdown],
                 "timeline": {str(e): [[s - rollout.stats["start_s"], t - rollout.stats["start_s"]]

@@ -32,10 +32,16 @@ the step's largest request.
 Probes: the decision learns only from the verifies it runs, so in each batch bucket a verify
 is run whenever ``probe_every`` decode steps of that bucket (rested steps included:
 :meth:`SpecCostModel.tick`) passed without one while some request's drafts are predicted, at
-face value (``raw``: before calibration), to accept at least ``probe_tokens``: the verify
-with the best face-value rate, even where the measured costs say it loses (a cost cell can
-be wrong too, and the probe re-measures it). At most one step in ``probe_every`` of a bucket
-is a probe; on a perfect history the probes' accepted drafts lift the calibration until the
+face value (``raw``: before calibration), to accept at least ``probe_tokens``. A probe
+verifies the batch's draft nodes whose face-value gain is at least ``probe_gain``, best
+first, at most ``max(batch size, largest width)`` rows times the bucket's probe size,
+whatever the cost table says: the table can be wrong too (a verify's fixed cost measured on
+one draft row reads as that row's cost, and every larger verify then looks too slow to try),
+and probes of more rows re-measure it. A probe that accepts at least half its face-value
+prediction (:meth:`SpecCostModel.probe_outcome`) doubles the bucket's probe size (up to the
+largest width) and halves its probe interval (down to ``probe_every_min``); one that does
+not resets both. So on useless drafts at most one step in ``probe_every`` of a bucket is a
+probe, of at most twice the batch's tokens; on good drafts the probes grow until the
 decision verifies again (tests/core/test_speculation_recovers.py states the bound).
 
 A step's useful tokens can be capped by the rollout's critical path (a
@@ -115,6 +121,8 @@ class SpecCostModel:
     calibration_prior: float = PRIOR_VERIFIES  # verifies' worth of each calibration factor's prior
     probe_every: int = 32  # a bucket's decode steps without a verify before a probe (module docstring)
     probe_tokens: float = 1.0  # ... when a request's drafts predict at least this many accepted
+    probe_gain: float = 0.5  # a probe verifies the nodes with at least this face-value gain
+    probe_every_min: int = 4  # the shortest probe interval, after probes that succeeded
     max_jump: float = 2.0  # one measurement moves a cell by at most this factor
     baseline_near: float = 0.1  # plain measured within this fraction of a batch size (>= 1 request)
     close_call: float = 1.25  # a verify winning by less than this factor over plain ...
@@ -128,8 +136,10 @@ class SpecCostModel:
     # why the last decision chose what it did: "best", "explore" (a cell not yet run here),
     # "reexplore" (the stalest cell, every reexplore_every decisions), "close_call", "probe"
     last_reason: str = "best"
-    # bucket -> [decode steps of the bucket, that count at its last verify]
+    # bucket -> [decode steps of the bucket, that count at its last verify, probe interval,
+    # probe size]
     _probe_clock: Dict[int, list] = field(default_factory=dict, repr=False)
+    last_probe_predicted: float = 0.0  # the last probe's face-value expected accepted drafts
 
     def __post_init__(self) -> None:
         self.widths = check_widths(self.widths)
@@ -149,8 +159,9 @@ class SpecCostModel:
                              f"{self.close_call} and {self.close_refresh}")
         if not 0.0 <= self.baseline_near < 1.0:
             raise ValueError(f"baseline_near must be in [0, 1), got {self.baseline_near}")
-        if self.probe_every < 1:
-            raise ValueError(f"probe_every must be >= 1, got {self.probe_every}")
+        if not 1 <= self.probe_every_min <= self.probe_every:
+            raise ValueError(f"need 1 <= probe_every_min <= probe_every, got "
+                             f"{self.probe_every_min} and {self.probe_every}")
         self.steps = StepCostTable(self.widths, self.alpha, self.max_jump, self.baseline_near)
 
     @property
@@ -182,21 +193,34 @@ class SpecCostModel:
             self.verified(batch_size)
 
     # ------------------------------------------------------------------ probes
+    def _clock(self, batch_size: int) -> list:
+        return self._probe_clock.setdefault(bucket_of(batch_size), [0, 0, self.probe_every, 1])
+
     def tick(self, batch_size: int) -> None:
         """Count a decode step of ``batch_size`` requests on the probe clock (every step:
         :meth:`choose_rows` and :meth:`choose_width` call it, the caller calls it for a step
         that did not ask them, e.g. one that skipped drafting)."""
-        self._probe_clock.setdefault(bucket_of(batch_size), [0, 0])[0] += 1
+        self._clock(batch_size)[0] += 1
 
     def verified(self, batch_size: int) -> None:
         """A verify ran at ``batch_size``: its bucket's probe clock starts again."""
-        clock = self._probe_clock.setdefault(bucket_of(batch_size), [0, 0])
+        clock = self._clock(batch_size)
         clock[1] = clock[0]
 
     def probe_due(self, batch_size: int) -> bool:
-        """Whether ``probe_every`` decode steps of this bucket passed without a verify."""
-        steps, last = self._probe_clock.get(bucket_of(batch_size), (0, 0))
-        return steps - last >= self.probe_every
+        """Whether the bucket's probe interval passed without a verify."""
+        steps, last, every, _ = self._clock(batch_size)
+        return steps - last >= every
+
+    def probe_outcome(self, batch_size: int, accepted: int) -> None:
+        """The probe just run at ``batch_size`` accepted ``accepted`` drafts: at least half of
+        :attr:`last_probe_predicted` grows the bucket's probes, less resets them."""
+        clock = self._clock(batch_size)
+        if accepted >= 0.5 * self.last_probe_predicted:
+            clock[2] = max(clock[2] // 2, self.probe_every_min)
+            clock[3] = min(2 * clock[3], self.widths[-1])
+        else:
+            clock[2], clock[3] = self.probe_every, 1
 
     def forget_acceptance(self, keep: float = 0.5) -> None:
         """The history changed (new epoch, imported history, new weights): keep ``keep`` of
@@ -348,9 +372,10 @@ class SpecCostModel:
         if (choice == PLAIN and self.last_reason == "best" and raw is not None
                 and max(raw.values(), default=0.0) >= self.probe_tokens
                 and self.probe_due(batch_size)):
-            face = self.rates(batch_size, raw, calibrated=True, keys=keys)  # no horizon
             self.last_reason = "probe"
-            return max(self.widths, key=lambda w: face[w] or 0.0)
+            width = self._probe_width(batch_size, raw)
+            self.last_probe_predicted = float(raw.get(width, 0.0))
+            return width
         return choice
 
     def choose_rows(self, batch_size: int, gains: Sequence[Sequence[float]],
@@ -414,12 +439,36 @@ class SpecCostModel:
         if (self.last_reason == "best" and raw is not None
                 and max((sum(g) for g in raw), default=0.0) >= self.probe_tokens
                 and self.probe_due(bs)):
-            face = self._allocations(bs, raw, None, contexts, keys)  # no horizon
-            if face:
-                _, width = max((r, w) for w, (r, _) in face.items())
+            counts, self.last_probe_predicted = self._probe_counts(bs, raw)
+            if any(counts):
                 self.last_reason = "probe"
-                return width, face[width][1]
+                return next(w for w in self.widths if w >= max(counts)), counts
         return plain
+
+    def _probe_cap(self, batch_size: int) -> int:
+        """The most draft rows a probe verifies at this batch size (module docstring)."""
+        return max(batch_size, self.widths[-1]) * self._clock(batch_size)[3]
+
+    def _probe_counts(self, bs: int, raw):
+        """``(counts, face-value expected accepted drafts)`` of a probe (module docstring):
+        the batch's nodes with a face-value gain of at least ``probe_gain``, best first, at
+        most :meth:`_probe_cap` (at least the best node)."""
+        nodes = DraftNodes(raw, self.widths[-1])
+        take = int(np.count_nonzero(nodes.gain >= self.probe_gain))
+        take = min(max(take, 1), self._probe_cap(bs), len(nodes.gain))
+        counts = np.bincount(nodes.request[:take], minlength=bs).tolist()
+        return counts, float(nodes.gain[:take].sum())
+
+    def _probe_width(self, bs: int, raw: Mapping[int, float]) -> int:
+        """A batch-wide probe's width: the widest whose added nodes gain at least
+        ``probe_gain`` each at face value, within :meth:`_probe_cap` rows."""
+        width, gained = self.widths[0], 0.0
+        for below, w in zip((0,) + self.widths, self.widths):
+            added = float(raw.get(w, 0.0)) - gained
+            if bs * w > self._probe_cap(bs) or added < self.probe_gain * bs * (w - below):
+                break
+            width, gained = w, float(raw.get(w, 0.0))
+        return width
 
     def _allocations(self, bs: int, gains, horizon, contexts, keys: float):
         """``{cell width: (rate, counts)}``: under each width cap, the best-first draft nodes

@@ -91,6 +91,12 @@ def path_dependent_penalties(req) -> bool:
                 or len(req.output_ids) < (params.min_new_tokens or 0))
 
 
+def _accepted(result, bs: int) -> int:
+    """Draft tokens a verify step's ``result`` accepted over its ``bs`` requests."""
+    lens = getattr(result, "accept_lens", None)
+    return 0 if lens is None else int(lens.sum().item()) - bs
+
+
 def _contexts(batch) -> list:
     """Each request's context tokens in a decode batch (its sequence length)."""
     lens = batch.seq_lens_cpu if getattr(batch, "seq_lens_cpu", None) is not None else batch.seq_lens
@@ -192,6 +198,8 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
                 result = super().forward_batch_generation(batch, on_publish, pp_proxy_tensors)
         # a verify's cell also carries its tree layout (only a verify pays for it)
         seconds = time.perf_counter() - decided
+        if width and drafts is not None and self.cost.last_reason == "probe":
+            self.cost.probe_outcome(bs, _accepted(result, bs))
         if self._decision_log is not None:
             self._log_decision(batch, drafts, width, counts, contexts, seconds, result)
         if width in self._warm_widths:
@@ -220,9 +228,7 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         seconds of it and of a plain step, before this step's measurement) and its outcome
         (seconds, accepted drafts) to ``$RHYME_DECISION_LOG``."""
         bs = len(batch.reqs)
-        accepted = 0
-        if width and getattr(result, "accept_lens", None) is not None:
-            accepted = int(result.accept_lens.sum().item()) - bs
+        accepted = _accepted(result, bs) if width else 0
         gains = [self._gains([d.probs[i] for i in best_first_order(d)], r)
                  for d, r in zip(drafts, batch.reqs)] if drafts is not None else [[] for _ in range(bs)]
         if counts is None:

@@ -3,10 +3,12 @@ probes keep verifying where the store's drafts look good, and on a perfect histo
 calibrated decision verifies again within a bounded number of steps.
 
 The bound (``RECOVERY_STEPS``): after any prefix of misses, a run of perfect drafts gets a
-verify within ``probe_every`` steps of its bucket (a probe), and the calibrated decision
-("best") verifies within ``3 * probe_every`` steps of the run's start: each probe of a batch
-of ``bs`` requests adds ``bs`` perfect verifies to the calibration, whose misses weigh at
-most ``1 / decay`` verifies.
+verify within ``probe_every`` steps of its bucket (a probe), and the decision itself
+verifies again within ``16 * probe_every`` steps of the run's start, then keeps verifying:
+each probe adds one perfect verify per request it verifies to the calibration, whose misses
+weigh at most ``1 / decay`` = 50 verifies and fade by ``1 - decay`` per verify. The worst
+prefix is many large predictions missed at the perfect drafts' own level, in a batch of
+many requests whose verifies barely pay (each probe verifies one node per request there).
 """
 
 import logging
@@ -19,7 +21,7 @@ from rhyme_sglang.core.cost_model import PLAIN, SpecCostModel
 from rhyme_sglang.core.health import AT_BOUND, OK, STARVED, SpecHealth
 
 PROBE_EVERY = 32
-RECOVERY_STEPS = 3 * PROBE_EVERY
+RECOVERY_STEPS = 16 * PROBE_EVERY
 PLAIN_S, ROW_S = 0.004, 0.0003  # a plain step and each draft row of a verify (1.3x plain at 8 rows)
 
 
@@ -50,6 +52,8 @@ def _run(m: SpecCostModel, bs: int, probs, accept, steps: int):
             for c in counts:
                 if c:
                     m.observe_acceptance(sum(probs[:c]), accept(c), level=sum(probs))
+            if m.last_reason == "probe":
+                m.probe_outcome(bs, sum(accept(c) for c in counts if c))
         m.observe_step(bs, width, _step_seconds(bs, sum(counts)), rows=bs + sum(counts))
     return out
 
@@ -97,12 +101,14 @@ def test_after_any_misses_perfect_drafts_bring_verification_back(bs, misses, fir
         m.observe_step(bs, width, _step_seconds(bs, bs * width), rows=bs * (width + 1))
     m.steps.observe(bs, PLAIN, _step_seconds(bs, 0), now=m._decisions)
     probs = [0.95 ** (i + 1) for i in range(8)]  # a perfect history: 6.3 predicted, 8 accepted
-    steps = _run(m, bs, probs, accept=lambda c: c, steps=RECOVERY_STEPS)
+    steps = _run(m, bs, probs, accept=lambda c: c, steps=RECOVERY_STEPS + 2 * PROBE_EVERY)
     verify_at = [i for i, (w, _) in enumerate(steps) if w != PLAIN]
     assert verify_at and verify_at[0] < PROBE_EVERY
-    best = [i for i, (w, why) in enumerate(steps) if w != PLAIN and why != "probe"]
-    assert best and best[0] < RECOVERY_STEPS, steps
-    assert sum(w != PLAIN for w, _ in steps[-PROBE_EVERY:]) > PROBE_EVERY // 2  # it stays on
+    decided = [i for i, (w, why) in enumerate(steps) if w != PLAIN
+               and why not in ("probe", "reexplore")]
+    assert decided and decided[0] < RECOVERY_STEPS, steps
+    after = steps[decided[0]:decided[0] + 2 * PROBE_EVERY]
+    assert sum(w != PLAIN for w, _ in after) > len(after) // 2  # it stays on
 
 
 def test_useless_drafts_get_at_most_one_probe_per_probe_every_steps():
@@ -137,8 +143,41 @@ def test_rested_steps_count_toward_the_next_probe():
         SpecCostModel(probe_every=0)
 
 
+def test_probes_that_succeed_grow_and_come_sooner_and_a_miss_resets_them():
+    """A verify's fixed cost measured on a one-row verify reads as a row's cost, so every
+    larger verify looks too slow: probes grow while they are accepted until they measure
+    what a verify of the good drafts costs."""
+    bs = 3
+    m = SpecCostModel(widths=(1, 2, 3), probe_every=32)
+    m.observe_step(bs, PLAIN, 0.0012)
+    m.observe_step(bs, 1, 0.0029, rows=bs + 1)  # fixed cost 1.5 ms, read as one row's
+    probs = [0.9, 0.85, 0.8]
+
+    def true_seconds(rows):
+        return 0.0012 + 0.0008 + 0.0001 * rows
+
+    sizes, steps = [], 0
+    while steps < 200:
+        steps += 1
+        gains = [[p * m.calibrated(sum(probs)) / sum(probs) for p in probs]] * bs
+        width, counts = m.choose_rows(bs, gains, raw=[probs] * bs)
+        if width:
+            for c in counts:
+                if c:
+                    m.observe_acceptance(sum(probs[:c]), c, level=sum(probs))
+            if m.last_reason == "probe":
+                sizes.append(sum(counts))
+                m.probe_outcome(bs, sum(counts))
+            elif m.last_reason in ("best", "close_call"):
+                break
+        m.observe_step(bs, width, true_seconds(sum(counts)), rows=bs + sum(counts))
+    assert sizes[:2] == [3, 6] and steps < 32 + 16 + 8 + 4 + 8, (sizes, steps)
+    m.probe_outcome(bs, 0)  # a probe whose drafts missed
+    assert m._probe_cap(bs) == 3 and not m.probe_due(bs)
+
+
 def test_batch_width_path_probes_too():
-    m = SpecCostModel(widths=(4,), probe_every=2, alpha=1.0)
+    m = SpecCostModel(widths=(4,), probe_every=2, probe_every_min=2, alpha=1.0)
     m.observe_step(4, PLAIN, 0.010)
     m.observe_step(4, 4, 0.014)
     for _ in range(300):

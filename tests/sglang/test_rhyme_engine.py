@@ -14,6 +14,7 @@ pytestmark = pytest.mark.sglang
 PROMPTS = [[1, 5, 6, 7, 8], [3, 4, 5], [10, 11, 12, 13, 14, 15, 16, 17] * 3]
 GREEDY = {"temperature": 0, "max_new_tokens": 48, "ignore_eos": True}
 SAMPLE_PROMPT = [20, 21, 22, 23, 24]
+DOZEN = [[7 + 3 * i, 100 + i, 200 + 5 * i, 50 + i] for i in range(12)]  # distinct prompts
 # plain decoding as RHYME schedules it (synchronous), with custom logit processors allowed
 SYNC_PLAIN = {"disable_overlap_schedule": True, "enable_custom_logit_processor": True}
 
@@ -24,6 +25,7 @@ def baseline(tiny):
     engine = tiny("tiny")
     greedy = engine.generate(input_ids=PROMPTS, sampling_params=GREEDY, return_logprob=True)
     return {
+        "dozen": [o["output_ids"] for o in engine.generate(input_ids=DOZEN, sampling_params=GREEDY)],
         "greedy": [o["output_ids"] for o in greedy],
         "greedy_logprobs": [[lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]] for o in greedy],
         "engine": engine,
@@ -90,6 +92,32 @@ def test_adaptive_mixes_plain_and_verify_steps_losslessly(tiny, baseline, tiny_m
     steps = stats["decode_steps"]
     assert steps["plain"] > 0 and sum(v for k, v in steps.items() if k.startswith("verify")) > 0
     assert stats["cost_model"]["seconds_per_request_step"]
+
+
+def test_speculation_comes_back_on_a_perfect_history_after_a_round_of_misses(tiny, baseline):
+    """Issue 47's lock-out: a round whose drafts all miss (history of sampled answers, drafted
+    against greedy decoding), then a round whose history is perfect (greedy repeats the round
+    before token for token). Requests go one at a time, as a user's would. The perfect round
+    must take most of its tokens from drafts: at least half of the tokens after each request's
+    first (a perfect history and widths up to 7 allow 7 in 8; the probes and the calibration
+    that has to climb back from the misses cost some), where the locked-out engine took ~2%.
+    Every round's tokens are plain decoding's."""
+    engine = tiny("tiny-rhyme-adaptive", rhyme_memory_mb=192)  # a fresh engine
+    sampled = {"temperature": 1.0, "max_new_tokens": 48, "ignore_eos": True}
+    for prompt in DOZEN:  # history that misses: sampled answers
+        engine.generate(input_ids=[prompt] * 2, sampling_params=sampled)
+    engine.rhyme_advance_epoch()
+    drafted = []
+    for _ in range(2):  # drafts that miss, then a perfect history
+        outs = [engine.generate(input_ids=p, sampling_params=GREEDY) for p in DOZEN]
+        assert [o["output_ids"] for o in outs] == baseline["dozen"]
+        drafted.append(sum(o["meta_info"]["spec_num_correct_drafts"] for o in outs)
+                       / sum(len(o["output_ids"]) - 1 for o in outs))
+        engine.rhyme_advance_epoch()
+    assert drafted[1] >= 0.5, drafted
+    stats = engine.rhyme_stats()
+    assert stats["speculation_health"]["status"] == "ok", stats["speculation_health"]
+    assert stats["speculation_health"]["verified_promising_steps"] > 0
 
 
 def test_cost_model_starts_from_the_last_engines_step_costs(tiny, engines, baseline,

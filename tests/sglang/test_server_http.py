@@ -201,3 +201,28 @@ def test_history_export_import_round_trip(server):
     assert post(server.url + "/rhyme/history", {"history": hist})[0] in (401, 403)
     status, payload = get(server.url + "/rhyme/history?prompt_id=no-such-prompt")
     assert status == 400 and "no-such-prompt" in json.dumps(payload)
+
+
+def test_speculation_comes_back_through_http_after_a_round_of_misses(server):
+    """Issue 47 as a user meets it: /generate one request at a time, a round whose history
+    misses (sampled answers), then greedy rounds (the second's history is perfect). The
+    perfect round takes at least half its tokens after the first from drafts (see
+    tests/sglang/test_rhyme_engine.py for the threshold), and /rhyme/stats says speculation
+    is healthy."""
+    prompts = [[3 + 5 * i, 60 + i, 120 + 3 * i, 9] for i in range(8)]
+    sampled = {"temperature": 1.0, "max_new_tokens": 40, "ignore_eos": True}
+    greedy = {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}
+    for p in prompts:
+        assert post(server.url + "/generate", {"input_ids": [p, p], "sampling_params": sampled})[0] == 200
+    outputs = []
+    for _ in range(3):
+        assert post(server.url + "/rhyme/advance_epoch", {}, headers=ADMIN)[0] == 200
+        outputs.append([post(server.url + "/generate", {"input_ids": p, "sampling_params": greedy})[1]
+                        for p in prompts])
+    assert [o["output_ids"] for o in outputs[1]] == [o["output_ids"] for o in outputs[2]]
+    last = outputs[2]
+    drafted = (sum(o["meta_info"]["spec_num_correct_drafts"] for o in last)
+               / sum(len(o["output_ids"]) - 1 for o in last))
+    assert drafted >= 0.5, drafted
+    status, stats = get(server.url + "/rhyme/stats")
+    assert status == 200 and stats["speculation_health"]["status"] == "ok"
