@@ -140,6 +140,7 @@ class SpecCostModel:
     # probe size]
     _probe_clock: Dict[int, list] = field(default_factory=dict, repr=False)
     last_probe_predicted: float = 0.0  # the last probe's face-value expected accepted drafts
+    last_promising: bool = False  # the last decision's drafts would have allowed a probe
 
     def __post_init__(self) -> None:
         self.widths = check_widths(self.widths)
@@ -211,6 +212,11 @@ class SpecCostModel:
         """Whether the bucket's probe interval passed without a verify."""
         steps, last, every, _ = self._clock(batch_size)
         return steps - last >= every
+
+    def probe_wanted(self, batch_size: int) -> bool:
+        """Whether a probe is due at this batch size and the last decision's drafts were good
+        enough for one (a step that skips drafting should draft instead)."""
+        return self.last_promising and self.probe_due(batch_size)
 
     def probe_outcome(self, batch_size: int, accepted: int) -> None:
         """The probe just run at ``batch_size`` accepted ``accepted`` drafts: at least half of
@@ -347,7 +353,7 @@ class SpecCostModel:
             raise ValueError(f"horizon has {len(horizon.remaining)} requests, batch has {batch_size}")
         self._decisions += 1
         self.tick(batch_size)
-        self.last_advantage, self.last_reason = 0.0, "best"
+        self.last_advantage, self.last_reason, self.last_promising = 0.0, "best", False
         useful = [w for w in self.widths if expected.get(w, 0.0) > 0.0]
         if not useful:
             return PLAIN
@@ -369,8 +375,8 @@ class SpecCostModel:
                         reverse=True)
         ranking = [w for _, w in scored] + [PLAIN]
         choice = self._maybe_reexplore(bucket, ranking[0], {PLAIN: plain_rate, **estimated})
-        if (choice == PLAIN and self.last_reason == "best" and raw is not None
-                and max(raw.values(), default=0.0) >= self.probe_tokens
+        self.last_promising = raw is not None and max(raw.values(), default=0.0) >= self.probe_tokens
+        if (choice == PLAIN and self.last_reason == "best" and self.last_promising
                 and self.probe_due(batch_size)):
             self.last_reason = "probe"
             width = self._probe_width(batch_size, raw)
@@ -411,7 +417,7 @@ class SpecCostModel:
             raise ValueError(f"horizon has {len(horizon.remaining)} requests, batch has {bs}")
         plain = (PLAIN, [0] * bs)
         bucket = bucket_of(bs)
-        self.last_advantage, self.last_reason = 0.0, "best"
+        self.last_advantage, self.last_reason, self.last_promising = 0.0, "best", False
         if not any(len(g) and g[0] > 0 for g in gains):
             return plain
         if not self.steps.baseline_measured(bs):
@@ -436,9 +442,9 @@ class SpecCostModel:
             choice = self._maybe_reexplore(bucket, choice, {PLAIN: plain_rate, **estimated})
             if choice != PLAIN:
                 return choice, best[choice][1]
-        if (self.last_reason == "best" and raw is not None
-                and max((sum(g) for g in raw), default=0.0) >= self.probe_tokens
-                and self.probe_due(bs)):
+        self.last_promising = raw is not None and max(
+            (sum(g) for g in raw), default=0.0) >= self.probe_tokens
+        if self.last_reason == "best" and self.last_promising and self.probe_due(bs):
             counts, self.last_probe_predicted = self._probe_counts(bs, raw)
             if any(counts):
                 self.last_reason = "probe"

@@ -262,10 +262,10 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
 
     def _resting(self, batch) -> bool:
         """Whether this step is plain without drafting (:class:`DraftRest`); a request the
-        store does not track yet, or a probe due at this batch size, ends the rest."""
+        store does not track yet, or a probe wanted at this batch size, ends the rest."""
         with self.lock:
             new = any(req.rid not in self._tracked for req in batch.reqs)
-        return self.rest.resting(new or self.cost.probe_due(len(batch.reqs)))
+        return self.rest.resting(new or self.cost.probe_wanted(len(batch.reqs)))
 
     def _choose_width(self, batch, drafts, contexts=None):
         """``(width, counts)``: the step's width (0 = plain) and, for a ragged verify, each

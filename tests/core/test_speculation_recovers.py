@@ -211,3 +211,14 @@ def test_health_names_a_starved_or_floored_calibration_once(caplog):
     assert report["status"] == OK and report["verify_share_when_promising"] == 1.0
     with pytest.raises(ValueError):
         SpecHealth(window=8, min_steps=9)
+
+
+def test_a_probe_is_wanted_only_after_drafts_good_enough_for_one():
+    """Resting steps skip drafting; a due probe ends the rest only where the last decision's
+    drafts could have been probed (else useless drafts would be looked up every step)."""
+    m = _model(4, _step_seconds(4, 4))
+    for _ in range(PROBE_EVERY):
+        m.choose_rows(4, [[0.02]] * 4, raw=[[0.02]] * 4)
+    assert m.probe_due(4) and not m.probe_wanted(4)
+    m.choose_rows(4, [[0.02]] * 4, raw=[[0.9, 0.8]] * 4)  # a probe: drafts predict 1.7 tokens
+    assert m.last_reason == "probe" and m.last_promising
