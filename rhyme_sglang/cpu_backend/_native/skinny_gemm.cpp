@@ -8,7 +8,7 @@
 // accumulators in registers and, for each k in order, loads the panel's two vectors once,
 // broadcasts x[r][k] and adds the products: each output element is a single running sum over
 // k = 0 .. K-1 in order, in its own lane. The first row tile of a panel prefetches the panel
-// stream kAhead steps of k ahead; with a few more rows than a tile, the tiles take turns over
+// stream kAhead steps of k ahead (every cache line of the step); with a few more rows than a tile, the tiles take turns over
 // short blocks of k (run_panels).
 //
 // So a row's result does not depend on how many other rows share the call or where the row
@@ -53,8 +53,12 @@ namespace {
 using namespace rhyme_vec;
 
 // Bumped when the kernel's speed changes: linear.py measures its choices again under it.
-// 2: row tiles take turns over blocks of k; 3: only up to kMaxBlockedRows rows; 4: bf16.
-constexpr int kRevision = 4;
+// 2: row tiles take turns over blocks of k; 3: only up to kMaxBlockedRows rows; 4: bf16;
+// 5: the AVX-512 build prefetches both cache lines of a step (it prefetched the first only:
+// issue 52, 2-core avx512_bf16 EPYC, SmolLM2's 30 layers streamed, 2 threads, in-process A/B:
+// bf16 1 / 8 / 16 rows 9.1 / 10.7 / 18.3 -> 7.6 / 7.9 / 12.4 ms, fp32 16.1 / 18.6 / 35.1 ->
+// 14.8 / 14.2 / 23.6 ms).
+constexpr int kRevision = 5;
 constexpr int64_t kAhead = 32;  // k steps of the panel stream prefetched ahead
 constexpr int64_t kBlock = 32;  // k steps of a panel that every row tile passes before the next
 constexpr int64_t kMaxBlockedRows = 24;  // more rows than this run each tile over the whole of k
@@ -129,7 +133,10 @@ template <int W, int NR, typename S>
     const float* xr[NR];
     for (int r = 0; r < NR; ++r) xr[r] = p.x + (r0 + r) * p.k;
     for (int64_t kk = k0; kk < k1; ++kk) {
-        if (prefetch) __builtin_prefetch(panel + (kk + kAhead) * 2 * W, 0, 3);
+        if (prefetch) {  // both cache lines of the step (AVX-512: 2 x 64 bytes; AVX2: one line)
+            __builtin_prefetch(panel + (kk + kAhead) * 2 * W, 0, 3);
+            if constexpr (W == 16) __builtin_prefetch(panel + (kk + kAhead) * 2 * W + W, 0, 3);
+        }
         const V a = loadv<V>(panel + kk * 2 * W), b = loadv<V>(panel + kk * 2 * W + W);
         for (int r = 0; r < NR; ++r) {
             lo[r] = S::madd(lo[r], a, xr[r][kk]);
