@@ -15,10 +15,11 @@ ignore_eos), each against HF in the same dtype:
    history), every step a full verify of that width (no cost model, no per-request widths);
    verify/plain = the median verify step of the perfect round (``/rhyme/breakdown``'s step
    timeline) over the vanilla server's plain step at that batch;
-4. the roofline, measured here on the engine's cores: stream bandwidth (a large copy) and
-   the time of the model's linear layers at each row count (GEMMs on the real shapes, weights
-   hot in cache). A step's bound is max(weight bytes / bandwidth, GEMM time); attention and
-   sampling are not in it (short contexts here).
+4. the roofline, measured here on the engine's cores: stream bandwidth (a large copy; before
+   each dtype's engines, the run's best used for both) and the time of the model's linear
+   layers at each row count (GEMMs on the real shapes, weights hot in cache). A step's bound
+   is max(weight bytes / bandwidth, GEMM time); attention and sampling are not in it (short
+   contexts here).
 
 Then fp32's tok/s and plain steps against bf16's, and auto's tok/s against the faster dtype's
 (``dtypes`` in the JSON; the top-level figures are auto's dtype, ``by_dtype`` holds both).
@@ -272,6 +273,27 @@ def bound(roof: dict, rows: int) -> float:
     return max(roof["memory_s"], roof["gemm_s"][str(rows)])
 
 
+def step_over_roofline(report: dict, rows: int) -> dict:
+    """Plain steps (PLAIN_BATCHES) and verify steps of ``rows`` rows a request
+    (VERIFY_ROOFLINE_BATCHES) over their bound in ``report["roofline"]``."""
+    plain_s, ratio, roof = report["plain_step_s"], report["verify_over_plain"], report["roofline"]
+    return {"plain": {str(b): plain_s[str(b)] / bound(roof, b) for b in PLAIN_BATCHES},
+            "verify": {str(b): ratio[str(b)] * plain_s[str(b)] / bound(roof, b * rows)
+                       for b in VERIFY_ROOFLINE_BATCHES if str(b) in ratio}}
+
+
+def share_bandwidth(by_dtype: dict, rows: int) -> None:
+    """Every dtype's roofline with the run's best stream bandwidth (each dtype measured its own
+    before its engines ran; on a shared machine those moments differed by up to 2x), and its
+    step ratios against it."""
+    best = max(r["roofline"]["bandwidth_gb_s"] for r in by_dtype.values())
+    for report in by_dtype.values():
+        roof = report["roofline"]
+        roof["own_bandwidth_gb_s"], roof["bandwidth_gb_s"] = roof["bandwidth_gb_s"], best
+        roof["memory_s"] = roof["weight_bytes"] / (best * 1e9)
+        report["step_over_roofline"] = step_over_roofline(report, rows)
+
+
 # ---- main ----------------------------------------------------------------------------------
 def measure_dtype(args, dtype: str, model_path: str, vocab: int, prompts) -> dict:
     """Every figure of one dtype: HF, the roofline, the vanilla and the RHYME server."""
@@ -282,19 +304,15 @@ def measure_dtype(args, dtype: str, model_path: str, vocab: int, prompts) -> dic
     vanilla = vanilla_server(model_path, dtype, prompts, args.max_new_tokens)
     rhyme = rhyme_server(model_path, dtype, vocab, args.prompt_len, args.max_new_tokens, width,
                          args.seed, vanilla["plain_step_s"])
-    plain_s = vanilla["plain_step_s"]
-    ratio = rhyme["verify_over_plain"]
-    return {
-        "dtype": dtype, "hf_tok_s": hf, "engine_tok_s": vanilla["tok_s"], "verify_over_plain": ratio,
-        "step_over_roofline": {
-            "plain": {str(b): plain_s[str(b)] / bound(roof, b) for b in PLAIN_BATCHES},
-            "verify": {str(b): ratio[str(b)] * plain_s[str(b)] / bound(roof, b * rows)
-                       for b in VERIFY_ROOFLINE_BATCHES if str(b) in ratio},
-        },
-        "plain_step_s": plain_s, "perfect_history_tok_s": rhyme["perfect_history_tok_s"],
+    report = {
+        "dtype": dtype, "hf_tok_s": hf, "engine_tok_s": vanilla["tok_s"],
+        "verify_over_plain": rhyme["verify_over_plain"], "plain_step_s": vanilla["plain_step_s"],
+        "perfect_history_tok_s": rhyme["perfect_history_tok_s"],
         "cost_model_s": rhyme["cost_model_s"], "plain_source": rhyme["plain_source"],
         "roofline": roof,
     }
+    report["step_over_roofline"] = step_over_roofline(report, rows)
+    return report
 
 
 def compare_dtypes(by_dtype: dict, auto: str) -> dict:
@@ -377,6 +395,7 @@ def main(argv=None) -> int:
     prompts = _prompts(vocab, max(PLAIN_BATCHES), args.prompt_len, args.seed)
 
     by_dtype = {d: measure_dtype(args, d, model_path, vocab, prompts) for d in dtypes}
+    share_bandwidth(by_dtype, args.verify_width + 1)
     probe = decode_probe()
     # the top-level figures are auto's dtype where it ran, else the one dtype asked for
     report = {**by_dtype.get(auto, by_dtype[dtypes[0]]),

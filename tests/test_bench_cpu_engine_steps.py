@@ -28,3 +28,22 @@ def test_compare_dtypes_reads_which_dtype_is_faster_and_what_auto_lost():
     assert out["fp32_over_bf16_tok_s"] == pytest.approx({"1": 0.8, "8": 1.25})
     assert out["fp32_step_over_bf16"] == pytest.approx({"1": 1.5, "8": 0.8})  # > 1: bf16 faster
     assert out["auto_over_best_tok_s"] == pytest.approx({"1": 1.0, "8": 0.8})
+
+
+def test_both_dtypes_are_judged_against_the_runs_best_bandwidth():
+    from benchmarks import bench_cpu_engine as b
+
+    def report(bandwidth, weight_bytes):
+        steps = {str(n): 0.02 for n in b.PLAIN_BATCHES}
+        gemm = {str(r): 0.001 for r in [*b.PLAIN_BATCHES, *(n * 9 for n in b.VERIFY_ROOFLINE_BATCHES)]}
+        return {"plain_step_s": steps, "verify_over_plain": {str(n): 1.0 for n in b.PLAIN_BATCHES},
+                "roofline": {"bandwidth_gb_s": bandwidth, "weight_bytes": weight_bytes,
+                             "memory_s": weight_bytes / (bandwidth * 1e9), "gemm_s": gemm}}
+
+    by_dtype = {"float32": report(20.0, 4e8), "bfloat16": report(40.0, 2e8)}
+    b.share_bandwidth(by_dtype, 9)
+    for dtype, weight_bytes in (("float32", 4e8), ("bfloat16", 2e8)):
+        roof = by_dtype[dtype]["roofline"]
+        assert roof["bandwidth_gb_s"] == 40.0 and roof["memory_s"] == pytest.approx(weight_bytes / 40e9)
+        assert by_dtype[dtype]["step_over_roofline"]["plain"]["1"] == pytest.approx(0.02 / roof["memory_s"])
+    assert by_dtype["float32"]["roofline"]["own_bandwidth_gb_s"] == 20.0
