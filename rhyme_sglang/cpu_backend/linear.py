@@ -13,7 +13,9 @@ and row count.
 Measured on an AMD EPYC with AVX2 only, one thread, SmolLM2-135M's linears (30 layers +
 lm_head, weights streamed from memory as in a model step), ms: 1 row 41.6 (oneDNN) / 30.7
 (native); 9 rows 73.2 / 51.4; 32 rows 153 / 119; ``F.linear`` is slower than both from 2 rows
-up. Other CPUs differ, so nothing here is assumed:
+up. On a 2-core EPYC with avx512_bf16 (issue 52; 2 kernel threads, streamed as above), the
+native kernel at 1 / 8 / 16 rows: bf16 7.6 / 7.9 / 12.4 ms, fp32 14.8 / 14.2 / 23.6 ms.
+Other CPUs differ, so nothing here is assumed:
 
 * the choice is **measured per weight shape and row-count bucket** (``BUCKETS``), on the
   thread count the scheduler computes with, best of a few runs of each kernel, and cached per
