@@ -6,7 +6,8 @@ decode-dominated); prints each epoch's mean reward, rollout time, tokens/s and t
 lengths change as the policy learns, so epochs are not compared with each other as speedups),
 then times one rollout of the final policy's prompts with vanilla SGLang and with RHYME on
 the same engine settings (:mod:`rl_driver.side_by_side`) and prints that ratio. Writes
-``runs/demo/report.md`` with plots, including where rollout time went.
+``runs/demo/report.md`` with plots, including where rollout time went; the side-by-side goes
+to ``runs/demo/side_by_side.json`` and into the report's own section.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def _side_by_side(config) -> None:
     print(f"final policy, one rollout of every prompt x group, vanilla vs RHYME on the same "
           f"engine settings ({how}):", flush=True)
     r = compare(config)
+    _save_side_by_side(config, r)
     v, h = r["vanilla"], r["rhyme"]
     print(f"  vanilla SGLang {v['makespan_s']:.1f}s, {v['tokens_per_s']:.0f} tok/s | RHYME "
           f"{h['makespan_s']:.1f}s, {h['tokens_per_s']:.0f} tok/s, tau {h['tau']:.2f} | "
@@ -50,20 +52,30 @@ def _side_by_side(config) -> None:
         print(f"    {label}: {_steps_text(r[name].get('breakdown'))}", flush=True)
 
 
+def _save_side_by_side(config, result) -> None:
+    """``result`` to ``run_dir/side_by_side.json``, then the report rewritten with it (when the
+    run writes a report)."""
+    from rl_driver.report import save_side_by_side, write_report
+
+    save_side_by_side(config.run_dir, result)
+    if config.loop.report:
+        write_report(config.run_dir, title=f"rhyme-rl run '{config.name}'")
+
+
 def _steps_text(breakdown) -> str:
     """A side-by-side engine's prefill and other seconds, then a line per decode step kind:
     count, seconds, and a step's mean batch, forward rows (tree nodes verified) and tokens
-    emitted."""
+    emitted (the figures of :func:`rl_driver.report.decode_kinds`)."""
+    from rl_driver.report import decode_kinds, other_seconds
+
     if not breakdown:
         return "no breakdown"
-    other = breakdown["postprocess_s"] + breakdown["schedule_s"]
-    lines = [f"prefill {breakdown['prefill']['seconds']:.1f}s, other {other:.1f}s, decode:"]
-    for kind, v in sorted(breakdown["decode"].items(), key=lambda kv: -kv[1]["seconds"]):
-        steps = v["steps"] or 1
-        lines.append(f"      {kind} {v['steps']} steps {v['seconds']:.1f}s "
-                     f"({v['seconds'] / steps:.3f} s, batch {v['requests'] / steps:.1f}, "
-                     f"{v.get('rows', 0) / steps:.1f} rows in, "
-                     f"{v['tokens'] / steps:.1f} tokens out a step)")
+    lines = [f"prefill {breakdown['prefill']['seconds']:.1f}s, other "
+             f"{other_seconds(breakdown):.1f}s, decode:"]
+    for f in decode_kinds(breakdown):
+        lines.append(f"      {f['kind']} {f['steps']} steps {f['seconds']:.1f}s "
+                     f"({f['step_s']:.3f} s, batch {f['batch']:.1f}, {f['rows']:.1f} rows in, "
+                     f"{f['tokens']:.1f} tokens out a step)")
     return "\n".join(lines)
 
 
