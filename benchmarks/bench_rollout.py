@@ -2,11 +2,19 @@
 
 One run, one machine, one policy trajectory for every mode:
 
-1. **Trajectory (vanilla).** ``--prompts`` prompts of a long-tailed task mix (``--datasets``:
-   short chain_sum answers, long gsm_symbolic reasoning up to ``--max-new-tokens``), ``--group``
-   samples each, temperature 1.0, all submitted at once as a synchronous RL step does. After
-   every epoch one real GRPO step (``rl_driver.trainer.Trainer``, rewards from the task's scorer)
-   makes the next policy checkpoint (its epochs' timings are kept as ``"trajectory"``).
+0. **Workload (``--policy``).** ``warm_start`` (the default): the policy is the SFT warm start
+   of preset ``--task`` (``rl_driver.task_presets``; ``rl_driver.warm_start.ensure`` on the
+   ``--model`` base with ``WarmStartConfig(task=--task)``: the cached folder, else built once,
+   about 8 minutes on 2 cores) and the prompts are ``--prompts`` (one total count) of that
+   preset's items, sizes from its long-tailed mix (``rl_driver.tasks.preset_prompts``), so the
+   responses are the task's procedure and mostly stop on their own. ``base``: the workload of
+   runs before issue 48, kept so their results stay reproducible: the base model on the
+   ``--datasets`` mix, ``--prompts`` per dataset.
+1. **Trajectory (vanilla).** The prompts, ``--group`` samples each up to ``--max-new-tokens``,
+   temperature 1.0, all submitted at once as a synchronous RL step does. After every epoch one
+   real GRPO step (``rl_driver.trainer.Trainer``, from the policy's folder; rewards from the
+   task's scorer, ``rl_driver.rewards.reasoning_gym_reward``) makes the next policy checkpoint
+   (its epochs' timings are kept as ``"trajectory"``).
 2. **Timed modes, interleaved.** Epochs >= ``--timed-from`` are timed again for every mode,
    vanilla included, one fresh engine per (mode, epoch), in an order that alternates: the
    modes in ``--modes`` order for the first timed epoch, reversed for the next, and so on
@@ -43,25 +51,37 @@ One run, one machine, one policy trajectory for every mode:
    epochs >= ``--timed-from`` (each epoch's makespan the mean of its ``--repeats``).
 
 ``--ordering`` adds the FCFS vs longest-predicted-first experiment (``benchmarks.bench_ordering``;
-``--ordering-only`` runs just that). ``--quick`` is a small version (``QUICK``; sized for 10 minutes
-on a 2-core CPU).
+``--ordering-only`` runs just that, on the base model and without a ``"workload"`` key).
+``--quick`` is a small version (``QUICK[policy]``; sized for 10-15 minutes on a 2-core CPU once
+the warm start is cached).
 
-    python -m benchmarks.bench_rollout [--quick] [--json OUT]
+    python -m benchmarks.bench_rollout [--quick] [--policy warm_start|base] [--task NAME]
+                                       [--json OUT]
 
 JSON: ``{"modes": {NAME: {...}}, "speedup_vs_vanilla": {...}, "per_epoch": {NAME: [...]},
 "breakdown": {NAME: [...]}, "requests": {NAME: [...]}, "runs": [...], "trajectory": {...},
-"wall_s": {"trajectory", NAME..., "total"}}`` (``per_epoch`` / ``breakdown`` hold one entry
-per timed run, with its ``round``; ``runs`` lists the timed runs in the order they ran;
-``trajectory`` holds the trajectory's own per-epoch figures and trace; ``wall_s``: the
-benchmark's own wall time by part: the trajectory with its GRPO steps, each mode's runs with
-their engine starts and history); ``requests`` lists each timed request's (epoch, prompt_id,
-sample, length, latency) for the rollout simulator (first round).
+"wall_s": {"warm_start", "trajectory", NAME..., "total"}, "workload": {...}, "datasets": ...,
+...}`` (``per_epoch`` / ``breakdown`` hold one entry per timed run, with its ``round``; ``runs``
+lists the timed runs in the order they ran, ``started_s`` counted from the trajectory's start;
+``datasets``: ``--datasets``, or the preset's reasoning-gym dataset; ``trajectory`` holds the
+trajectory's own per-epoch figures and trace; ``wall_s``: the benchmark's own wall time by
+part: finding or building the warm start, the trajectory with its GRPO steps, each mode's runs
+with their engine starts and history); ``requests`` lists each timed request's (epoch,
+prompt_id, sample, length, latency) for the rollout simulator (first round).
+
+``workload`` (``workload_block``): ``{"policy": "warm_start"|"base", "task": the preset, or
+the --datasets joined by commas, "warm_start": {"recipe": the WarmStartConfig's fields,
+"folder": the folder's name, "eval": its held-out evaluation or null, "seconds": its training
+seconds or null (both from the folder's warm_start.json)} or null for base, "trace_stats":
+benchmarks.trace_stats.epoch_stats of the trajectory's trace (one row per epoch: responses,
+mean reward, length mean / median / max / tail ratio, capped, reuse vs the epoch before)}``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -93,11 +113,86 @@ MODES = {
                                   "speculative_num_draft_tokens": 17,
                                   "rhyme_request_calibration": True},
 }
-# the small version: 3 chain_sum + 1 gsm_symbolic prompt x 4 samples (the long tail is the gsm
-# group). Measured on a 2-core avx2 CPU, fp32: 24 min at 4+2 prompts and a 384-token cap, 11:50
-# at 3+1 and 256 tokens (each epoch's makespan is its longest answer, up to the cap); so 192:
-# 11:08-11:09 with the trainer padding every response, 7:52 with packed responses (stop 15).
-QUICK = {"prompts": "3,1", "group": 4, "epochs": 3, "max_new_tokens": 192, "repeats": 2}
+# --prompts by policy: one count per --datasets entry (base), one total count (warm_start)
+DEFAULT_PROMPTS = {"base": "12,4", "warm_start": "8"}
+# the small version, by --policy. base: 3 chain_sum + 1 gsm_symbolic prompt x 4 samples (the
+# long tail is the gsm group). Measured on a 2-core avx2 CPU, fp32: 24 min at 4+2 prompts and a
+# 384-token cap, 11:50 at 3+1 and 256 tokens (each epoch's makespan is its longest answer, up to
+# the cap); so 192: 11:08-11:09 with the trainer padding every response, 7:52 with packed
+# responses (stop 15).
+# warm_start (not yet measured): 3 prompts x 4 samples, the same 3 epochs and 2 repeats (11
+# generation epochs, 11 engine starts, 2 GRPO steps). running_sum's first 3 prompts at seed 0
+# have 13, 17 and 4 terms, whose worked solutions are 148, 220 and 49 tokens (SmolLM2's
+# tokenizer), so 384 leaves room for T=1.0 detours and lets answers stop on their own instead
+# of all being cut; 12 requests of up to ~220-384 steps against base's 16 of 192 gives 1.1-2x
+# base's decode time, about 9-13 min from base's 7:52, within 15 once the warm start is cached
+# (building it adds ~8 min, once). A 4th prompt would be 41 terms (518 tokens): double the
+# makespan, so the long tail stays out of the quick version.
+QUICK = {"base": {"prompts": "3,1", "group": 4, "epochs": 3, "max_new_tokens": 192, "repeats": 2},
+         "warm_start": {"prompts": "3", "group": 4, "epochs": 3, "max_new_tokens": 384,
+                        "repeats": 2}}
+
+
+def resolve_policy(args, log=print) -> tuple:
+    """``(folder, recipe)``: the folder the trajectory starts from and its warm-start recipe.
+    ``--policy base``: the ``--model`` folder and None; ``warm_start``: the warm start of
+    ``--task`` on it (``WarmStartConfig(task=--task)``), reused from the models cache or built
+    there once; one line says which."""
+    from rhyme_sglang.models import resolve_model_path
+    from rl_driver import warm_start
+    from rl_driver.config import WarmStartConfig
+
+    base = resolve_model_path(args.model)
+    if args.policy == "base":
+        return base, None
+    recipe = WarmStartConfig(task=args.task)
+    folder = warm_start.output_dir(base, recipe)
+    cached = (folder / ".complete").exists()
+    log(f"bench_rollout: policy = the {args.task} warm start of {Path(base).name}: "
+        + (f"cached, {folder}" if cached else f"not cached, building it once into {folder} "
+           "(about 8 min on 2 cores)"))
+    return str(warm_start.ensure(base, recipe)), recipe
+
+
+def workload_prompts(model_path: str, args):
+    """``(prompts, tokenizer)`` of the run. ``base``: ``--prompts`` (one count per dataset) of
+    the ``--datasets`` mix (``build_prompts``); ``warm_start``: ``--prompts`` (one total count)
+    of preset ``--task`` (``rl_driver.tasks.preset_prompts``), seed ``--seed`` both."""
+    if args.policy == "base":
+        counts = [int(c) for c in str(args.prompts).split(",")]
+        return build_prompts(model_path, counts, args.datasets.split(","), args.seed)
+    from transformers import AutoTokenizer
+
+    from rl_driver.config import TaskConfig
+    from rl_driver.tasks import preset_prompts
+
+    tok = AutoTokenizer.from_pretrained(model_path)
+    cfg = TaskConfig(preset=args.task, num_prompts=int(args.prompts))
+    return preset_prompts(cfg, tok, args.seed), tok
+
+
+def _datasets(args) -> str:
+    """The reasoning-gym datasets the prompts come from (``--datasets``, or the preset's)."""
+    from rl_driver.task_presets import PRESETS
+
+    return args.datasets if args.policy == "base" else PRESETS[args.task].dataset
+
+
+def workload_block(args, folder, recipe, records) -> dict:
+    """The report's ``"workload"`` (module docstring): ``folder`` / ``recipe`` from
+    ``resolve_policy``, ``records`` the trajectory's trace records (``trace_stats`` rows)."""
+    from benchmarks.trace_stats import epoch_stats
+
+    warm = None
+    if recipe is not None:
+        path = Path(folder) / "warm_start.json"
+        info = json.loads(path.read_text()) if path.is_file() else {}
+        warm = {"recipe": dataclasses.asdict(recipe), "folder": Path(folder).name,
+                "eval": info.get("eval"), "seconds": (info.get("training") or {}).get("seconds")}
+    task = args.task if recipe is not None else ",".join(
+        d.strip() for d in args.datasets.split(","))
+    return {"policy": args.policy, "task": task, "warm_start": warm,
+            "trace_stats": epoch_stats(records)}
 
 
 def build_prompts(model_path: str, counts, datasets: list[str], seed: int):
@@ -397,15 +492,28 @@ def _ordering(model_path, dtype, checkpoint, args) -> dict:
     return ordering_report(model_path, dtype, checkpoint, args)
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, with ``--prompts`` defaulting by ``--policy`` (``DEFAULT_PROMPTS``) and
+    ``--quick`` filling ``QUICK[policy]``'s sizes where the command line does not set them."""
+    from rl_driver.task_presets import PRESETS
+
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_rollout")
-    parser.add_argument("--model", choices=["tiny", "smollm2"], default="smollm2")
+    parser.add_argument("--model", choices=["tiny", "smollm2"], default="smollm2",
+                        help="the base model (warm_start: the one the warm start is made from)")
+    parser.add_argument("--policy", choices=("warm_start", "base"), default="warm_start",
+                        help="warm_start: the SFT warm start of --task on --model (cached, or "
+                             "built once, ~8 min on 2 cores) with --task's prompts; base: "
+                             "--model itself on the --datasets mix (runs before issue 48)")
+    parser.add_argument("--task", choices=list(PRESETS), default="running_sum",
+                        help="--policy warm_start: the rl_driver.task_presets workload")
     parser.add_argument("--quick", action="store_true",
-                        help=f"a small version (sized for 10 min on 2 cores): {QUICK}")
-    parser.add_argument("--prompts", default="12,4",
-                        help="prompts per dataset of --datasets (comma-separated)")
+                        help=f"a small version (10-15 min on 2 cores, warm start cached): {QUICK}")
+    parser.add_argument("--prompts", default=None,
+                        help="warm_start: prompts in total; base: prompts per dataset of "
+                             f"--datasets (comma-separated); default {DEFAULT_PROMPTS}")
     parser.add_argument("--datasets", default="chain_sum,gsm_symbolic",
-                        help="task mix: short chain_sum answers, long gsm_symbolic reasoning")
+                        help="--policy base's task mix: short chain_sum answers, long "
+                             "gsm_symbolic reasoning")
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--epochs", type=int, default=4, help="epochs 0..E-1")
     parser.add_argument("--timed-from", type=int, default=2,
@@ -447,9 +555,18 @@ def main(argv=None) -> int:
     parser.add_argument("--workdir", default=None)
     args = parser.parse_args(argv)
     if args.quick:  # the small version's sizes, where the command line does not set them
-        for key, value in QUICK.items():
+        for key, value in QUICK[args.policy].items():
             if getattr(args, key) == parser.get_default(key):
                 setattr(args, key, value)
+    if args.prompts is None:
+        args.prompts = DEFAULT_PROMPTS[args.policy]
+    if args.policy == "warm_start" and not str(args.prompts).isdigit():
+        parser.error(f"--policy warm_start takes one total --prompts count, got {args.prompts!r}")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     logger.setLevel(logging.INFO)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -457,7 +574,6 @@ def main(argv=None) -> int:
     from rhyme_sglang.machine import cpu_flags, resolve_dtype
     from rhyme_sglang.models import resolve_model_path
 
-    model_path = resolve_model_path(args.model)
     dtype = resolve_dtype(args.dtype)
     args.workdir = args.workdir or tempfile.mkdtemp(prefix="bench-rollout-")
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -470,7 +586,7 @@ def main(argv=None) -> int:
     if args.repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     report = {"model": args.model, "dtype": dtype, "cpu_flags": cpu_flags(),
-              "prompts": args.prompts, "datasets": args.datasets, "group": args.group,
+              "prompts": args.prompts, "datasets": _datasets(args), "group": args.group,
               "epochs": args.epochs, "timed_from": args.timed_from, "repeats": args.repeats,
               "max_new_tokens": args.max_new_tokens,
               "config": {"num_engines": 1, "max_running_requests": args.max_running,
@@ -479,6 +595,7 @@ def main(argv=None) -> int:
               "modes": {}, "per_epoch": {}, "breakdown": {}, "requests": {}, "runs": [],
               "trajectory": {}}
     if args.ordering_only:
+        model_path = resolve_model_path(args.model)
         report["ordering"] = _ordering(model_path, dtype, model_path, args)
         o = report["ordering"]
         sim = o["simulated"]
@@ -489,16 +606,19 @@ def main(argv=None) -> int:
               f" with a flat (GPU-like) step cost")
         write_json(args.json, report)
         return 0
-    counts = [int(c) for c in str(args.prompts).split(",")]
-    prompts, tok = build_prompts(model_path, counts, args.datasets.split(","), args.seed)
+    wall = report["wall_s"] = {}  # where the benchmark's own wall time went
+    began = time.perf_counter()
+    model_path, recipe = resolve_policy(args)
+    wall["warm_start"] = time.perf_counter() - began
+    prompts, tok = workload_prompts(model_path, args)
     if args.max_total_tokens <= 0:
         longest = max(len(p.token_ids) for p in prompts)
         args.max_total_tokens = args.max_running * (longest + args.max_new_tokens)
     report["config"]["max_total_tokens"] = args.max_total_tokens
-    wall = report["wall_s"] = {}  # where the benchmark's own wall time went
-    start = time.perf_counter()
+    start = time.perf_counter()  # runs' started_s count from here, as before issue 48
     checkpoints, trace = trajectory(model_path, dtype, prompts, tok, args, report)
     wall["trajectory"] = time.perf_counter() - start
+    report["workload"] = workload_block(args, model_path, recipe, _TRACES["trajectory"])
     for key in ("per_epoch", "breakdown", "requests"):  # the trajectory's own, kept apart
         report["trajectory"][key] = report[key].pop("trajectory")
     write_json(args.json, report)
@@ -519,8 +639,9 @@ def main(argv=None) -> int:
     _write_traces(args.json, report)
     if args.ordering:
         report["ordering"] = _ordering(model_path, dtype, checkpoints[args.epochs - 1], args)
-    wall["total"] = time.perf_counter() - start
-    line = f"bench_rollout {args.model} ({dtype}, {' '.join(report['cpu_flags'])}): " + ", ".join(
+    wall["total"] = time.perf_counter() - began
+    line = (f"bench_rollout {args.model} {args.policy} {report['workload']['task']} "
+            f"({dtype}, {' '.join(report['cpu_flags'])}): ") + ", ".join(
         f"{m} {r['makespan_s']:.1f}s {r['tokens_per_s']:.0f} tok/s tau {r['tau']:.2f}"
         f" same tokens {100 * r['same_tokens_as_vanilla']:.0f}%"
         for m, r in report["modes"].items())
