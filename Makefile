@@ -47,9 +47,12 @@ $(STAMP): requirements/cpu.lock pyproject.toml $(wildcard setup.py) $(wildcard r
 
 models: $(MODELS_STAMP)
 
-$(MODELS_STAMP): $(STAMP) rhyme_sglang/models.py
+# The demo's warm-started policy (rl_driver/warm_start.py): the shipped adapter in
+# rl_driver/adapters merged into SmolLM2 (seconds); without one it trains the recipe (minutes).
+$(MODELS_STAMP): $(STAMP) rhyme_sglang/models.py rl_driver/warm_start.py $(wildcard rl_driver/adapters/*)
 	$(VPY) -m rhyme_sglang.models prepare tiny
 	$(VPY) -m rhyme_sglang.models prepare smollm2
+	$(VPY) -m rl_driver.cli warm-start --config configs/demo.yaml
 	touch $@
 
 # Five pytest processes (scripts/run_tests.py): the lossless suite, the server modules, the

@@ -1,4 +1,5 @@
-"""``rhyme-rl``: the command line (``train``, ``config``, ``report``); ``rhyme-rl --help``."""
+"""``rhyme-rl``: the command line (``train``, ``warm-start``, ``config``, ``report``);
+``rhyme-rl --help``."""
 
 from __future__ import annotations
 
@@ -59,6 +60,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_set(train)
     train.add_argument("--no-progress", action="store_true",
                        help="no progress bars (or progress lines, off a terminal)")
+    warm = sub.add_parser(
+        "warm-start", help="build (or reuse) the SFT warm start a run starts from",
+        formatter_class=raw,
+        description="Build the warm-started policy of a config's warm_start section (an SFT\n"
+        "on the task's worked solutions, rl_driver/warm_start.py), or find it in the models\n"
+        "cache; prints its folder. Runs whether or not warm_start.enabled is set.",
+        epilog="examples:\n  rhyme-rl warm-start --config configs/demo.yaml\n"
+        "  rhyme-rl warm-start --task long_addition --set warm_start.examples=300\n"
+        "  rhyme-rl warm-start --config configs/demo.yaml --force --export\n\n" + CONFIG_REFERENCE)
+    warm.add_argument("--config", metavar="FILE", help="YAML run config (default: none)")
+    warm.add_argument("--task", metavar="NAME", help="override warm_start.task")
+    warm.add_argument("--force", action="store_true",
+                      help="train even if the folder is cached or an adapter is shipped")
+    warm.add_argument("--export", action="store_true",
+                      help="copy the adapter to rl_driver/adapters/ (set-up merges it there)")
+    warm.add_argument("--no-eval", action="store_true", help="skip the held-out evaluation")
+    _add_set(warm)
     config = sub.add_parser(
         "config", help="print a run config with every key, defaults filled in",
         formatter_class=raw, description="Print a run config as YAML with every section and "
@@ -86,6 +104,8 @@ def overrides_from(args) -> Dict[str, Any]:
         out["engine.num_engines"] = args.num_engines
     if getattr(args, "epochs", None) is not None:
         out["loop.epochs"] = args.epochs
+    if getattr(args, "task", None) is not None:
+        out["warm_start.task"] = args.task
     return out
 
 
@@ -166,8 +186,22 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         print(yaml.safe_dump(_plain(dataclasses.asdict(config)), sort_keys=False), end="")
         return 0
+    if args.command == "warm-start":
+        return warm_start(config, force=args.force, export=args.export, evaluate=not args.no_eval)
     train(config, resume=args.resume, progress=not args.no_progress, phases=not args.no_progress)
     print(f"run written to {config.run_dir}")
+    return 0
+
+
+def warm_start(config, force: bool = False, export: bool = False, evaluate: bool = True) -> int:
+    from rhyme_sglang.models import resolve_model_path
+    from rl_driver import warm_start as ws
+
+    base = resolve_model_path(config.model)
+    folder = ws.ensure(base, config.warm_start, evaluate_after=evaluate, force_train=force)
+    if export:
+        print(f"adapter exported to {ws.export_adapter(folder, config.warm_start, base)}")
+    print(folder)
     return 0
 
 

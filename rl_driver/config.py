@@ -1,7 +1,8 @@
 """Typed run configuration: frozen dataclasses loaded from YAML, with errors that name the bad key.
 
 A config file has one mapping per section (``engine``, ``rollout``, ``task``, ``train``,
-``sync``, ``loop``) plus ``name``, ``model`` and ``seed`` at the top. Unknown keys and bad
+``sync``, ``loop``, ``warm_start``) plus ``name``, ``model`` and ``seed`` at the top; ``task:``
+may also be a preset's name alone (``task: running_sum``). Unknown keys and bad
 values raise ``ConfigError`` (a ``ValueError``) naming ``section.key`` and the value.
 """
 
@@ -135,10 +136,20 @@ class TaskConfig:
     target_modulus: int = 4
     prompt_length: int = 8  # target_token task: random prompt length
     prompt_style: str = "default"  # rl_driver.tasks.PROMPT_STYLES: instruction + few-shot turns
+    # a named workload (rl_driver.task_presets): its dataset, format and size mix; when set,
+    # dataset, dataset_config, prompt_style and few_shot are not used
+    preset: str = ""
+    sizes: tuple = ()  # a preset's size mix (lo, hi, tail); () = the preset's own
 
     def __post_init__(self):
         _check(self.kind in ("reasoning_gym", "target_token"), "task.kind", self.kind,
                "must be 'reasoning_gym' or 'target_token'")
+        if self.preset:
+            from rl_driver.task_presets import PRESETS
+
+            _check(self.preset in PRESETS, "task.preset", self.preset,
+                   f"must be one of {sorted(PRESETS)}")
+        _check_sizes("task.sizes", self.sizes)
         _check(isinstance(self.num_prompts, int) and self.num_prompts >= 1,
                "task.num_prompts", self.num_prompts, "must be an int >= 1")
         _check(isinstance(self.reward_fn, str) and "." in self.reward_fn, "task.reward_fn",
@@ -146,6 +157,48 @@ class TaskConfig:
         _check(isinstance(self.target_modulus, int) and self.target_modulus >= 1,
                "task.target_modulus", self.target_modulus, "must be an int >= 1")
         _check(0 <= self.few_shot <= 8, "task.few_shot", self.few_shot, "must be in [0, 8]")
+
+
+def _check_sizes(key: str, sizes) -> None:
+    _check(sizes == () or (len(sizes) == 3 and all(isinstance(x, (int, float)) for x in sizes)
+                           and 1 <= sizes[0] <= sizes[1] and sizes[2] > 0), key, sizes,
+           "must be [lo, hi, tail] with 1 <= lo <= hi and tail > 0, or []")
+
+
+@dataclass(frozen=True)
+class WarmStartConfig:
+    """The SFT warm start run before RL (:mod:`rl_driver.warm_start`); ``enabled`` makes the
+    loop train from its output (built, or reused from the models cache)."""
+
+    enabled: bool = False
+    task: str = "running_sum"  # a preset of rl_driver.task_presets
+    examples: int = 240
+    epochs: int = 1
+    lr: float = 1e-3
+    lora_rank: int = 16
+    batch_tokens: int = 2048
+    seed: int = 1
+    sizes: tuple = ()  # the preset's size mix for the SFT data; () = the preset's own
+    eval_prompts: int = 16
+    eval_samples: int = 2
+
+    def __post_init__(self):
+        from rl_driver.task_presets import PRESETS
+
+        _check(isinstance(self.enabled, bool), "warm_start.enabled", self.enabled,
+               "must be true or false")
+        _check(self.task in PRESETS, "warm_start.task", self.task, f"must be one of {sorted(PRESETS)}")
+        for key in ("examples", "epochs", "lora_rank", "batch_tokens"):
+            value = getattr(self, key)
+            _check(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                   f"warm_start.{key}", value, "must be an int >= 1")
+        _check(self.lr > 0, "warm_start.lr", self.lr, "must be > 0")
+        _check(isinstance(self.seed, int), "warm_start.seed", self.seed, "must be an int")
+        _check(isinstance(self.eval_prompts, int) and self.eval_prompts >= 0,
+               "warm_start.eval_prompts", self.eval_prompts, "must be an int >= 0")
+        _check(isinstance(self.eval_samples, int) and self.eval_samples >= 1,
+               "warm_start.eval_samples", self.eval_samples, "must be an int >= 1")
+        _check_sizes("warm_start.sizes", self.sizes)
 
 
 @dataclass(frozen=True)
@@ -250,6 +303,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
 
     def __post_init__(self):
         _check(isinstance(self.name, str) and self.name and "/" not in self.name, "name",
@@ -311,7 +365,8 @@ def trainer_autocast(engine_dtype: str, pick=None) -> bool:
 
 
 SECTIONS = {"engine": EngineConfig, "rollout": RolloutConfig, "task": TaskConfig,
-            "train": TrainConfig, "sync": SyncConfig, "loop": LoopConfig}
+            "train": TrainConfig, "sync": SyncConfig, "loop": LoopConfig,
+            "warm_start": WarmStartConfig}
 
 
 def _build_section(name: str, cls, raw: Any):
@@ -351,6 +406,8 @@ def config_from_dict(raw: Mapping[str, Any], overrides: Optional[Mapping[str, An
             raw[section][key] = value
         else:
             raw[section] = value
+    if isinstance(raw.get("task"), str):  # `task: running_sum`: a preset by name
+        raw["task"] = {"preset": raw["task"]}
     top = {}
     for key, value in raw.items():
         if key in SECTIONS:

@@ -108,7 +108,7 @@ def main(argv=None) -> int:
 
     config = load_config(args.config, {"loop.epochs": args.epochs} if args.epochs else None)
     t0 = time.time()
-    print(f"demo: {config.model}, {config.task.dataset}, {config.task.num_prompts} prompts x "
+    print(f"demo: {config.model}{' (warm-started)' if config.warm_start.enabled else ''}, {config.task.preset or config.task.dataset}, {config.task.num_prompts} prompts x "
           f"{config.rollout.group_size} samples, {config.loop.epochs} epochs, "
           f"{config.engine.num_engines} engine(s), RHYME {'on' if config.engine.rhyme else 'off'}",
           flush=True)

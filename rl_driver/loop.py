@@ -100,9 +100,9 @@ def run(config: RunConfig, resume: bool = False,
     import ray
     from transformers import AutoTokenizer
 
-    from rhyme_sglang.models import resolve_model_path
     from rl_driver.pool import EnginePool, forward_full_responses
     from rl_driver.trainer import Trainer
+    from rl_driver.warm_start import policy_path
     from rl_driver.weight_sync import WeightSync
 
     config = config.resolved()  # dtype / threads "auto" -> this machine's measured choice
@@ -115,7 +115,7 @@ def run(config: RunConfig, resume: bool = False,
     (run_dir / "config.json").write_text(json.dumps(_as_dict(config), indent=2))
     start_ray(config)
 
-    model_path = resolve_model_path(config.model)
+    model_path = policy_path(config, log=logger.info)  # the warm start's folder when enabled
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     prompts = build_prompts(config.task, tokenizer, config.seed)
     by_id = {p.prompt_id: p for p in prompts}

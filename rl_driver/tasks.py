@@ -40,19 +40,26 @@ def running_sum_solution(terms) -> str:
     return "\n".join(lines) + f"\n<answer>{total}</answer>"
 
 
-def long_addition_solution(a: int, b: int) -> str:
-    """Column addition written digit by digit, units first, with the carry on each line."""
+def column_sums(a: int, b: int):
+    """Column addition of ``a + b`` from the units up: ``(digit index from 1, x, y, carry in,
+    column sum)`` per column, then the final carry (0 when none)."""
     da, db = str(a)[::-1], str(b)[::-1]
-    carry, digits, lines = 0, [], []
+    carry, columns = 0, []
     for i in range(max(len(da), len(db))):
         x, y = int(da[i]) if i < len(da) else 0, int(db[i]) if i < len(db) else 0
-        s = x + y + carry
-        lines.append(f"Digit {i + 1}: {x} + {y} + carry {carry} = {s}, write {s % 10}, carry {s // 10}.")
-        digits.append(str(s % 10))
-        carry = s // 10
+        columns.append((i + 1, x, y, carry, x + y + carry))
+        carry = (x + y + carry) // 10
+    return columns, carry
+
+
+def long_addition_solution(a: int, b: int) -> str:
+    """Column addition written digit by digit, units first, with the carry on each line."""
+    columns, carry = column_sums(a, b)
+    lines = [f"Digit {i}: {x} + {y} + carry {c} = {s}, write {s % 10}, carry {s // 10}."
+             for i, x, y, c, s in columns]
+    digits = [str(s % 10) for *_, s in columns] + ([str(carry)] if carry else [])
     if carry:
         lines.append(f"Final carry: write {carry}.")
-        digits.append(str(carry))
     return "\n".join(lines) + f"\nReading the digits from last to first: {''.join(digits[::-1])}." \
         + f"\n<answer>{a + b}</answer>"
 
@@ -172,7 +179,25 @@ def target_token_prompts(cfg: TaskConfig, vocab_size: int, seed: int) -> List[Pr
                    entry=dict(entry)) for i in range(cfg.num_prompts)]
 
 
+def preset_prompts(cfg: TaskConfig, tokenizer, seed: int) -> List[Prompt]:
+    """``cfg.num_prompts`` prompts of the named workload ``cfg.preset``
+    (:mod:`rl_driver.task_presets`): its system turn and question, sizes from its mix."""
+    from rl_driver.task_presets import chat, preset_entries
+
+    prompts = []
+    for i, entry in enumerate(preset_entries(cfg.preset, cfg.num_prompts, seed, cfg.sizes or None)):
+        ids = tokenizer.apply_chat_template(chat(cfg.preset, entry), add_generation_prompt=True,
+                                            tokenize=True)
+        if hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        prompts.append(Prompt(prompt_id=f"{cfg.preset}-{seed}-{i}", token_ids=list(ids),
+                              entry=entry))
+    return prompts
+
+
 def build_prompts(cfg: TaskConfig, tokenizer, seed: int) -> List[Prompt]:
+    if cfg.preset:
+        return preset_prompts(cfg, tokenizer, seed)
     if cfg.kind == "reasoning_gym":
         return reasoning_gym_prompts(cfg, tokenizer, seed)
     return target_token_prompts(cfg, len(tokenizer), seed)
