@@ -45,9 +45,13 @@ ADAPTER_FILE = "adapter/adapter.safetensors"  # inside a warm-started folder
 RECIPE_VERSION = 1  # bump when the training code changes what a recipe produces
 
 
+NOT_IN_KEY = ("enabled", "eval_prompts", "eval_samples")  # recipe fields that leave the weights alone
+
+
 def cache_key(base_model: str, recipe) -> str:
-    """A hash of (base model folder name, the recipe's fields, the recipe version)."""
-    fields = {k: v for k, v in dataclasses.asdict(recipe).items() if k not in ("enabled",)}
+    """A hash of (base model folder name, the recipe's fields that shape the weights, the
+    recipe version)."""
+    fields = {k: v for k, v in dataclasses.asdict(recipe).items() if k not in NOT_IN_KEY}
     blob = json.dumps({"base": Path(base_model).name, "recipe": fields,
                        "version": RECIPE_VERSION}, sort_keys=True, default=list)
     return hashlib.blake2b(blob.encode(), digest_size=6).hexdigest()
@@ -200,8 +204,7 @@ def train_adapter(base_model: str, recipe, threads: Optional[int] = None) -> Dic
     warmup = max(1, len(plan) // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min((s + 1) / warmup, max(0.05, (len(plan) - s) / max(1, len(plan) - warmup))))
-    autocast = machine.resolve_train_dtype() == "bfloat16" if hasattr(
-        machine, "resolve_train_dtype") else False
+    autocast = machine.resolve_train_dtype() == "bfloat16"
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     tty = sys.stderr.isatty()
     t0, tokens, loss_ema = time.perf_counter(), 0, None
@@ -228,7 +231,8 @@ def train_adapter(base_model: str, recipe, threads: Optional[int] = None) -> Dic
         _progress(step, len(plan), tokens, time.perf_counter() - t0, loss_ema, tty)
     return {"state": adapter_state(wrapped), "seconds": time.perf_counter() - t0,
             "tokens": tokens, "steps": len(plan), "final_loss": loss_ema,
-            "autocast_bf16": autocast, "examples": len(examples)}
+            "autocast_bf16": autocast, "examples": len(examples), "cpu": machine.cpu_model(),
+            "cpu_flags": " ".join(machine.cpu_flags()), "threads": torch.get_num_threads()}
 
 
 def save_merged(base_model: str, state: Dict[str, Any], folder: Path, info: Dict[str, Any]) -> Path:
@@ -366,6 +370,7 @@ def export_adapter(folder: Path, recipe, base_model: str) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(folder / ADAPTER_FILE, target)
     info = json.loads((folder / "warm_start.json").read_text())
-    info["made_by"] = f"python -m rl_driver.cli warm-start --task {recipe.task} --seed {recipe.seed} --export"
+    info["made_by"] = (f"python -m rl_driver.cli warm-start --task {recipe.task} "
+                       f"--set warm_start.seed={recipe.seed} --force --export")
     target.with_suffix(".json").write_text(json.dumps(info, indent=2, default=str))
     return target

@@ -84,7 +84,7 @@ def test_unknown_keys_fail_with_the_allowed_names():
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["train", "--help"], ["config", "--help"],
-                                  ["report", "--help"]])
+                                  ["report", "--help"], ["warm-start", "--help"]])
 def test_cli_help_is_plain_text_with_an_example(argv, capsys):
     from rl_driver.cli import main
 
@@ -93,7 +93,7 @@ def test_cli_help_is_plain_text_with_an_example(argv, capsys):
     assert exit_.value.code == 0
     text = capsys.readouterr().out
     assert "``" not in text and "example" in text and "rhyme-rl " in text
-    if argv[0] in ("train", "config"):  # they name the config reference
+    if argv[0] in ("train", "config", "warm-start"):  # they name the config reference
         assert "config reference:" in text and "configs/demo.yaml" in text
         assert "rl_driver/config.py" in text and "rhyme-rl config" in text
 

@@ -144,3 +144,18 @@ def test_shipped_adapter_is_merged_instead_of_training(tiny_model_path, tmp_path
 
     a, b = (load_file(str(f / "model.safetensors")) for f in (trained, folder))
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_cli_warm_start_builds_then_prints_the_folder(tiny_model_path, tmp_path, monkeypatch,
+                                                      capsys):
+    from rl_driver.cli import main
+
+    monkeypatch.setenv("RHYME_CACHE_DIR", str(tmp_path))
+    argv = ["warm-start", "--task", "letter_count", "--no-eval", "--set", f"model={tiny_model_path}",
+            "--set", "warm_start.examples=3", "--set", "warm_start.lora_rank=2",
+            "--set", "warm_start.sizes=[2,3,1]"]
+    assert main(argv) == 0
+    folder = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "warm-letter_count-" in folder and (tmp_path / "models").exists()
+    assert main(["warm-start", "--set", "warm_start.task=nope"]) == 2
+    assert "warm_start.task" in capsys.readouterr().err
