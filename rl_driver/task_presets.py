@@ -7,7 +7,8 @@ and problem sizes drawn from a long-tailed mix (most problems short, a few long,
 response lengths are). Rewards stay the dataset's own scorer
 (:func:`rl_driver.rewards.reasoning_gym_reward`): every item is the dataset's item at its size.
 
-Sizes: ``lo + floor((hi - lo + 1) * u ** tail)``, ``u`` uniform in [0, 1): median
+Sizes: ``lo + floor((hi - lo + 1) * u ** tail)``, ``u`` uniform in [0, 1) (stratified for a
+run's prompts, so a handful of prompts has the mix's shape): median
 ``lo + (hi - lo) / 2 ** tail``, mean ``lo + (hi - lo) / (tail + 1)``.
 
     >>> [p for p in PRESETS]
@@ -121,10 +122,20 @@ class TaskPreset:
     size_keys: Optional[Tuple[str, str]] = None  # (min key, max key) of the size in the config
     sizes: Tuple[int, int, float] = (1, 1, 1.0)  # (lo, hi, tail) of the size mix
 
-    def draw_sizes(self, n: int, seed: int, sizes: Optional[Sequence[float]] = None) -> List[int]:
+    def draw_sizes(self, n: int, seed: int, sizes: Optional[Sequence[float]] = None,
+                   stratified: bool = False) -> List[int]:
+        """``n`` sizes of the mix. ``stratified``: one ``u`` in each of ``n`` equal strata of
+        [0, 1), in a random order, so that even a few prompts have the mix's shape (8 i.i.d.
+        draws can be mostly long ones); otherwise i.i.d."""
         lo, hi, tail = tuple(sizes) if sizes else self.sizes
         rng = random.Random(f"{self.name}/{seed}")
-        return [int(lo + int((hi - lo + 1) * rng.random() ** tail)) for _ in range(n)]
+        if stratified:
+            strata = list(range(n))
+            rng.shuffle(strata)
+            us = [(k + rng.random()) / n for k in strata]
+        else:
+            us = [rng.random() for _ in range(n)]
+        return [int(lo + int((hi - lo + 1) * u ** tail)) for u in us]
 
 
 PRESETS: Dict[str, TaskPreset] = {p.name: p for p in (
@@ -166,15 +177,16 @@ def get_preset(name: str) -> TaskPreset:
     return PRESETS[name]
 
 
-def preset_entries(name: str, n: int, seed: int,
-                   sizes: Optional[Sequence[float]] = None) -> List[Dict[str, Any]]:
+def preset_entries(name: str, n: int, seed: int, sizes: Optional[Sequence[float]] = None,
+                   stratified: bool = False) -> List[Dict[str, Any]]:
     """``n`` reasoning-gym items of preset ``name`` with sizes from its mix (``sizes``
-    overrides ``(lo, hi, tail)``), in draw order. Each entry carries what
+    overrides ``(lo, hi, tail)``; ``stratified`` as :meth:`TaskPreset.draw_sizes`: a run's
+    prompts are, the warm start's many SFT examples are not), in draw order. Each entry carries what
     :func:`rl_driver.rewards.reasoning_gym_reward` needs to rebuild the item and score it."""
     import reasoning_gym
 
     preset = get_preset(name)
-    wanted = preset.draw_sizes(n, seed, sizes) if preset.size_keys else [0] * n
+    wanted = preset.draw_sizes(n, seed, sizes, stratified) if preset.size_keys else [0] * n
     by_size: Dict[int, List[int]] = {}
     for i, size in enumerate(wanted):
         by_size.setdefault(size, []).append(i)

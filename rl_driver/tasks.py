@@ -181,11 +181,13 @@ def target_token_prompts(cfg: TaskConfig, vocab_size: int, seed: int) -> List[Pr
 
 def preset_prompts(cfg: TaskConfig, tokenizer, seed: int) -> List[Prompt]:
     """``cfg.num_prompts`` prompts of the named workload ``cfg.preset``
-    (:mod:`rl_driver.task_presets`): its system turn and question, sizes from its mix."""
+    (:mod:`rl_driver.task_presets`): its system turn and question, sizes stratified over its
+    mix."""
     from rl_driver.task_presets import chat, preset_entries
 
     prompts = []
-    for i, entry in enumerate(preset_entries(cfg.preset, cfg.num_prompts, seed, cfg.sizes or None)):
+    entries = preset_entries(cfg.preset, cfg.num_prompts, seed, cfg.sizes or None, stratified=True)
+    for i, entry in enumerate(entries):
         ids = tokenizer.apply_chat_template(chat(cfg.preset, entry), add_generation_prompt=True,
                                             tokenize=True)
         if hasattr(ids, "keys"):

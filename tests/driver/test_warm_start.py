@@ -52,6 +52,18 @@ def test_size_mix_is_long_tailed():
     assert max(sizes) >= 3 * statistics.median(sizes)
 
 
+def test_stratified_sizes_give_a_few_prompts_the_mix_shape():
+    preset = get_preset("running_sum")
+    lo, hi, tail = preset.sizes
+    for seed in range(20):
+        sizes = sorted(preset.draw_sizes(8, seed, stratified=True))
+        # one draw in each eighth of u: the k-th smallest lies in stratum k
+        for k, size in enumerate(sizes):
+            assert lo + int((hi - lo + 1) * (k / 8) ** tail) <= size
+            assert size <= lo + int((hi - lo + 1) * ((k + 1) / 8) ** tail)
+        assert sizes[-1] >= 3 * statistics.median(sizes)
+
+
 def test_seeds_give_disjoint_problems_and_sizes_override():
     a = {e["question"] for e in preset_entries("running_sum", 30, seed=0)}
     b = {e["question"] for e in preset_entries("running_sum", 30, seed=10_000)}
