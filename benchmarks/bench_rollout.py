@@ -120,16 +120,13 @@ DEFAULT_PROMPTS = {"base": "12,4", "warm_start": "8"}
 # 384-token cap, 11:50 at 3+1 and 256 tokens (each epoch's makespan is its longest answer, up to
 # the cap); so 192: 11:08-11:09 with the trainer padding every response, 7:52 with packed
 # responses (stop 15).
-# warm_start (not yet measured): 3 prompts x 4 samples, the same 3 epochs and 2 repeats (11
-# generation epochs, 11 engine starts, 2 GRPO steps). running_sum's first 3 prompts at seed 0
-# have 13, 17 and 4 terms, whose worked solutions are 148, 220 and 49 tokens (SmolLM2's
-# tokenizer), so 384 leaves room for T=1.0 detours and lets answers stop on their own instead
-# of all being cut; 12 requests of up to ~220-384 steps against base's 16 of 192 gives 1.1-2x
-# base's decode time, about 9-13 min from base's 7:52, within 15 once the warm start is cached
-# (building it adds ~8 min, once). A 4th prompt would be 41 terms (518 tokens): double the
-# makespan, so the long tail stays out of the quick version.
+# warm_start: 3 prompts x 4 samples, the same 3 epochs and 2 repeats (11 generation epochs, 11
+# engine starts, 2 GRPO steps). running_sum's 3 prompts at seed 0 (sizes stratified over the
+# mix) have 4, 34 and 20 terms, whose worked solutions are ~50, ~440 and ~260 tokens, so the cap
+# of 640 lets every answer stop on its own and the 34-term group is the tail the makespan waits
+# for, at a batch of 4.
 QUICK = {"base": {"prompts": "3,1", "group": 4, "epochs": 3, "max_new_tokens": 192, "repeats": 2},
-         "warm_start": {"prompts": "3", "group": 4, "epochs": 3, "max_new_tokens": 384,
+         "warm_start": {"prompts": "3", "group": 4, "epochs": 3, "max_new_tokens": 640,
                         "repeats": 2}}
 
 

@@ -30,7 +30,7 @@ def test_quick_sizes_follow_the_policy():
     warm = parse_args(["--quick", "--task", "long_addition"])
     assert warm.task == "long_addition"
     assert {k: getattr(warm, k) for k in bench_rollout.QUICK["warm_start"]} == {
-        "prompts": "3", "group": 4, "epochs": 3, "max_new_tokens": 384, "repeats": 2}
+        "prompts": "3", "group": 4, "epochs": 3, "max_new_tokens": 640, "repeats": 2}
     base = parse_args(["--quick", "--policy", "base"])
     assert {k: getattr(base, k) for k in bench_rollout.QUICK["base"]} == {
         "prompts": "3,1", "group": 4, "epochs": 3, "max_new_tokens": 192, "repeats": 2}
