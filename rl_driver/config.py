@@ -209,6 +209,10 @@ class TrainConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     micro_batch_size: int = 8
+    # at most this many response tokens (rows x longest response) a micro-batch, however
+    # many samples micro_batch_size allows: 8 responses of ~1000 tokens ran out of 24 GB,
+    # 2 of them fit (the masked attention keeps each layer's scores for the backward); 0 = no cap
+    micro_batch_tokens: int = 2048
     num_minibatches: int = 1
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.28
@@ -232,6 +236,8 @@ class TrainConfig:
         _check(self.grad_clip > 0, "train.grad_clip", self.grad_clip, "must be > 0")
         _check(isinstance(self.micro_batch_size, int) and self.micro_batch_size >= 1,
                "train.micro_batch_size", self.micro_batch_size, "must be an int >= 1")
+        _check(isinstance(self.micro_batch_tokens, int) and self.micro_batch_tokens >= 0,
+               "train.micro_batch_tokens", self.micro_batch_tokens, "must be an int >= 0 (0 = no cap)")
         _check(isinstance(self.num_minibatches, int) and self.num_minibatches >= 1,
                "train.num_minibatches", self.num_minibatches, "must be an int >= 1")
         _check(0 <= self.clip_eps_low < 1, "train.clip_eps_low", self.clip_eps_low,

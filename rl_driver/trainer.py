@@ -205,9 +205,11 @@ class Trainer:
         return old, resp_mask, adv
 
     def _micro_batches(self, samples: List[Dict[str, Any]]) -> List[List[Dict[str, Any]]]:
-        """``samples`` cut into micro-batches of ``micro_batch_size``, ordered so each pads
-        little: by total length, or (prompt sharing) group by group, so a prompt group shares
-        one micro-batch where it fits. The loss does not depend on this order."""
+        """``samples`` cut into micro-batches of at most ``micro_batch_size`` samples and
+        ``micro_batch_tokens`` padded response tokens (rows x longest response; one sample
+        always fits), ordered so each pads little: by total length, or (prompt sharing) group
+        by group, so a prompt group shares one micro-batch where it fits. The loss does not
+        depend on this order."""
         if self.config.share_prompt_forward:
             groups: Dict[Tuple[int, ...], List[Dict[str, Any]]] = {}
             for s in samples:
@@ -216,8 +218,16 @@ class Trainer:
                        for s in sorted(groups[key], key=lambda s: len(s["response_ids"]))]
         else:
             ordered = sorted(samples, key=lambda s: len(s["prompt_ids"]) + len(s["response_ids"]))
-        size = self.config.micro_batch_size
-        return [ordered[i:i + size] for i in range(0, len(ordered), size)]
+        size, budget = self.config.micro_batch_size, self.config.micro_batch_tokens
+        batches: List[List[Dict[str, Any]]] = []
+        for s in ordered:
+            cur = batches[-1] if batches else None
+            longest = max([len(x["response_ids"]) for x in cur or []] + [len(s["response_ids"])])
+            if cur is None or len(cur) >= size or (budget and longest * (len(cur) + 1) > budget):
+                batches.append([s])
+            else:
+                cur.append(s)
+        return batches
 
     def _recompute_logprobs(self, samples: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         """The samples, in their order, with ``logprobs`` replaced by this model's (no grad);

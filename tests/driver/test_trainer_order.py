@@ -155,3 +155,26 @@ def test_skip_zero_advantage_keeps_the_kl_term():
     assert stats["skipped_samples"] == 0 and stats["forward_tokens"] == stats["train_tokens"]
     with pytest.raises(ValueError, match="skip_zero_advantage"):
         TrainConfig(skip_zero_advantage="yes")
+
+
+def test_micro_batches_keep_to_the_token_budget():
+    from types import SimpleNamespace
+
+    from rl_driver.config import TrainConfig
+    from rl_driver.trainer import Trainer
+
+    rng = random.Random(7)
+    samples = [{"prompt_ids": [1, 2, k % 3], "response_ids": [5] * rng.randrange(1, 900)}
+               for k in range(30)]
+    for share in (True, False):
+        for size, budget in ((8, 2048), (8, 0), (3, 100)):
+            fake = SimpleNamespace(config=TrainConfig(micro_batch_size=size, micro_batch_tokens=budget,
+                                                      share_prompt_forward=share))
+            batches = Trainer._micro_batches(fake, samples)
+            assert sorted(id(s) for b in batches for s in b) == sorted(id(s) for s in samples)
+            for b in batches:
+                assert len(b) <= size
+                longest = max(len(s["response_ids"]) for s in b)
+                assert len(b) == 1 or not budget or longest * len(b) <= budget
+            if not budget:
+                assert len(batches) == -(-len(samples) // size)
