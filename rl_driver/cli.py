@@ -130,7 +130,7 @@ def train(config, resume: bool = False, progress: bool = True, echo=None,
 
     from rl_driver.loop import run
     from rl_driver.progress_view import progress_sink
-    from rl_driver.report import write_report
+    from rl_driver.report import run_title, write_report
 
     config = config.resolved()
     print(startup_line(config), flush=True)
@@ -158,7 +158,7 @@ def train(config, resume: bool = False, progress: bool = True, echo=None,
             sink.close()
         bar.close()
     if config.loop.report:
-        write_report(config.run_dir, title=f"rhyme-rl run '{config.name}'")
+        write_report(config.run_dir, title=run_title(config.name))
     return results
 
 

@@ -55,11 +55,11 @@ def _side_by_side(config) -> None:
 def _save_side_by_side(config, result) -> None:
     """``result`` to ``run_dir/side_by_side.json``, then the report rewritten with it (when the
     run writes a report)."""
-    from rl_driver.report import save_side_by_side, write_report
+    from rl_driver.report import run_title, save_side_by_side, write_report
 
     save_side_by_side(config.run_dir, result)
     if config.loop.report:
-        write_report(config.run_dir, title=f"rhyme-rl run '{config.name}'")
+        write_report(config.run_dir, title=run_title(config.name))
 
 
 def _steps_text(breakdown) -> str:

@@ -275,3 +275,8 @@ def write_report(run_dir: Path, title: str = "") -> Path:
     path.write_text("\n".join(lines))
     logger.info("report written to %s", path)
     return path
+
+
+def run_title(name: str) -> str:
+    """The title of a run's report."""
+    return f"rhyme-rl run '{name}'"

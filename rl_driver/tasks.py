@@ -126,6 +126,14 @@ class Prompt:
             raise ValueError(f"prompt {self.prompt_id!r} has no tokens")
 
 
+def chat_ids(tokenizer, messages, add_generation_prompt: bool = True) -> List[int]:
+    """Token ids of ``messages`` under the tokenizer's chat template (a list, whether the
+    tokenizer returns ids or an encoding)."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                        tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
 def chat_messages(question: str, few_shot: int, style: str = "default") -> List[Dict[str, str]]:
     if style not in PROMPT_STYLES:
         raise ValueError(f"task.prompt_style must be one of {sorted(PROMPT_STYLES)}, got {style!r}")
@@ -153,11 +161,7 @@ def reasoning_gym_prompts(cfg: TaskConfig, tokenizer, seed: int) -> List[Prompt]
     prompts = []
     for i in range(cfg.num_prompts):
         entry = dataset[i]
-        ids = tokenizer.apply_chat_template(chat_messages(entry["question"], cfg.few_shot,
-                                                          cfg.prompt_style),
-                                            add_generation_prompt=True, tokenize=True)
-        if hasattr(ids, "keys"):
-            ids = ids["input_ids"]
+        ids = chat_ids(tokenizer, chat_messages(entry["question"], cfg.few_shot, cfg.prompt_style))
         prompts.append(Prompt(
             prompt_id=f"{cfg.dataset}-{seed}-{i}", token_ids=list(ids),
             entry={"dataset": cfg.dataset, "dataset_config": ds_config, "seed": seed,
@@ -188,10 +192,7 @@ def preset_prompts(cfg: TaskConfig, tokenizer, seed: int) -> List[Prompt]:
     prompts = []
     entries = preset_entries(cfg.preset, cfg.num_prompts, seed, cfg.sizes or None, stratified=True)
     for i, entry in enumerate(entries):
-        ids = tokenizer.apply_chat_template(chat(cfg.preset, entry), add_generation_prompt=True,
-                                            tokenize=True)
-        if hasattr(ids, "keys"):
-            ids = ids["input_ids"]
+        ids = chat_ids(tokenizer, chat(cfg.preset, entry))
         prompts.append(Prompt(prompt_id=f"{cfg.preset}-{seed}-{i}", token_ids=list(ids),
                               entry=entry))
     return prompts

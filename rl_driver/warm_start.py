@@ -67,9 +67,9 @@ def output_dir(base_model: str, recipe) -> Path:
 def encode_example(tokenizer, turns: List[Dict[str, str]]) -> Tuple[List[int], int]:
     """Token ids of a chat with its assistant turn, and the index of the first assistant token
     (loss is taken from there to the end: the answer and its ``<|im_end|>``)."""
-    prompt = tokenizer.apply_chat_template(turns[:-1], add_generation_prompt=True, tokenize=True)
-    full = tokenizer.apply_chat_template(turns, tokenize=True)
-    prompt, full = (list(x["input_ids"]) if hasattr(x, "keys") else list(x) for x in (prompt, full))
+    from rl_driver.tasks import chat_ids
+
+    prompt, full = chat_ids(tokenizer, turns[:-1]), chat_ids(tokenizer, turns, False)
     if full[:len(prompt)] != prompt:
         raise ValueError("the chat template does not extend the prompt with the answer")
     while full and tokenizer.decode(full[-1:]).strip() == "":  # trailing newline after <|im_end|>
@@ -140,11 +140,13 @@ def add_lora(model, rank: int, alpha: float, seed: int) -> List[Any]:
 
 
 def adapter_state(wrapped) -> Dict[str, Any]:
+    """The adapters as bf16 tensors, ``lora_b`` pre-scaled (what :func:`merge_adapter` reads)."""
+    import torch
+
     state = {}
     for m in wrapped:
-        state[f"{m.path}.lora_a"] = m.lora_a.detach().to(dtype=__import__("torch").bfloat16).contiguous()
-        state[f"{m.path}.lora_b"] = (m.lora_b.detach() * m.scale).to(
-            dtype=__import__("torch").bfloat16).contiguous()
+        state[f"{m.path}.lora_a"] = m.lora_a.detach().to(torch.bfloat16).contiguous()
+        state[f"{m.path}.lora_b"] = (m.lora_b.detach() * m.scale).to(torch.bfloat16).contiguous()
     return state
 
 
@@ -276,7 +278,7 @@ def evaluate(model_path: str, recipe, max_new_tokens: int = 1024, dtype: str = "
     from rhyme_sglang import Engine
     from rl_driver.rewards import reasoning_gym_reward
     from rl_driver.task_presets import chat, preset_entries
-    from rl_driver.tasks import Prompt
+    from rl_driver.tasks import Prompt, chat_ids
 
     t0 = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -284,9 +286,7 @@ def evaluate(model_path: str, recipe, max_new_tokens: int = 1024, dtype: str = "
                              recipe.sizes or None)
     prompts = []
     for i, e in enumerate(entries):
-        ids = tokenizer.apply_chat_template(chat(recipe.task, e), add_generation_prompt=True,
-                                            tokenize=True)
-        prompts.append(Prompt(f"eval-{i}", list(ids["input_ids"] if hasattr(ids, "keys") else ids), e))
+        prompts.append(Prompt(f"eval-{i}", chat_ids(tokenizer, chat(recipe.task, e)), e))
     engine = Engine(model_path=model_path, dtype=dtype, log_level="warning",
                     skip_tokenizer_init=True, max_total_tokens=32768)
     try:
