@@ -1,5 +1,6 @@
 """The ``--rhyme-*`` flags have one source, RhymeConfig's fields: ``launch_server --help``
-lists every one in its own group, and README.md's flag table is made from the same help."""
+lists every one in its own group, and the flag tables of docs/flags.md (every flag) and
+README.md (the main ones) are made from the same help."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from rhyme_sglang.sglang_ext.config import RhymeConfig
-from rhyme_sglang.sglang_ext.flags import GROUP, default_text, flag, markdown_rows, user_fields
+from rhyme_sglang.sglang_ext.flags import (
+    GROUP, MAIN, default_text, flag, markdown_rows, user_fields)
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_every_field_has_help_text():
@@ -27,11 +29,22 @@ def test_user_flags_are_the_fields_but_the_control_address():
         f.name for f in dataclasses.fields(RhymeConfig) if f.name != "control_addr"]
 
 
-def test_readme_flag_table_is_made_from_the_help():
-    rows = [line for line in README.read_text().splitlines() if line.startswith("| `--rhyme-")]
-    assert rows == markdown_rows(), (
-        "README.md's --rhyme-* rows differ from RhymeConfig's help; paste the output of "
+def flag_rows(path: str):
+    return [line for line in (ROOT / path).read_text().splitlines()
+            if line.startswith("| `--rhyme-")]
+
+
+def test_docs_flag_table_is_made_from_the_help():
+    assert flag_rows("docs/flags.md") == markdown_rows(), (
+        "docs/flags.md's --rhyme-* rows differ from RhymeConfig's help; paste the output of "
         "`python -m rhyme_sglang.sglang_ext.flags` over them")
+
+
+def test_readme_flag_table_is_made_from_the_help():
+    assert set(MAIN) <= {f.name for f in user_fields()}, "flags.MAIN names a field that is gone"
+    assert flag_rows("README.md") == markdown_rows(main_only=True), (
+        "README.md's --rhyme-* rows differ from RhymeConfig's help; paste the output of "
+        "`python -m rhyme_sglang.sglang_ext.flags --main` over them")
 
 
 @pytest.mark.sglang

@@ -1,5 +1,8 @@
-"""The ``--rhyme-*`` flags as ``--help`` lines and README table rows, made from
-:class:`RhymeConfig`'s fields (their ``help`` metadata): the one source of both."""
+"""The ``--rhyme-*`` flags as ``--help`` lines and markdown table rows, made from
+:class:`RhymeConfig`'s fields (their ``help`` metadata): the one source of both.
+
+``docs/flags.md`` holds every flag's row, ``README.md`` the rows of :data:`MAIN`;
+``tests/test_flags_help.py`` compares both with :func:`markdown_rows`."""
 
 from __future__ import annotations
 
@@ -10,6 +13,10 @@ from typing import List
 from rhyme_sglang.sglang_ext.config import RhymeConfig
 
 GROUP = "RHYME speculative decoding"
+
+MAIN = ("schedule_policy", "memory_mb", "snapshot_dir", "adaptive", "widths", "group_prefill",
+        "cost_cache")
+"""The fields whose rows README.md shows (rows come in RhymeConfig's field order)."""
 
 
 def user_fields() -> List[dataclasses.Field]:
@@ -44,11 +51,14 @@ def add_help_group(parser: argparse.ArgumentParser) -> None:
         group.add_argument(flag(f), metavar=metavar(f), help=text.replace("%", "%%"))
 
 
-def markdown_rows() -> List[str]:
-    """README.md's table rows of the flags: ``| `flag VALUE` | default | meaning |``."""
+def markdown_rows(main_only: bool = False) -> List[str]:
+    """Table rows of the flags, ``| `flag VALUE` | default | meaning |``: every user flag
+    (``docs/flags.md``), or with ``main_only`` those of :data:`MAIN` (``README.md``)."""
     return [f"| `{flag(f)} {metavar(f)}` | {default_text(f)} | {f.metadata.get('help', '')} |"
-            for f in user_fields()]
+            for f in user_fields() if not main_only or f.name in MAIN]
 
 
 if __name__ == "__main__":
-    print("\n".join(markdown_rows()))
+    parser = argparse.ArgumentParser(description="Print the --rhyme-* flags' markdown table rows.")
+    parser.add_argument("--main", action="store_true", help="only README.md's rows (MAIN)")
+    print("\n".join(markdown_rows(main_only=parser.parse_args().main)))
