@@ -68,7 +68,7 @@ demo: setup models
 	$(VPY) -m rl_driver.demo
 
 bench: setup models
-	$(VPY) -m benchmarks.replay --traces ../shared/data/traces_smollm2_arith_dev.jsonl.gz --json out/replay.json
+	$(VPY) -m benchmarks.replay --traces benchmarks/data/traces_smollm2_arith_dev.jsonl.gz --json out/replay.json
 	$(VPY) -m benchmarks.replay --traces benchmarks/data/traces_smollm2_gsm_long.jsonl.gz --json out/replay_gsm_long.json
 	$(VPY) -m benchmarks.bench_store --json out/store.json
 
