@@ -22,6 +22,7 @@ import os
 
 from benchmarks.common import (cpu_engine_env, op_and_engine_parser, servers_side_by_side,
                                write_json)
+from rhyme_sglang import settings
 
 OP_CASES = [(1, 128), (1, 1024), (8, 512), (32, 128), (32, 512), (32, 1024)]  # (batch, context)
 ENGINE_BATCHES = (1, 8, 32)
@@ -90,6 +91,7 @@ def ops_side_by_side(cases, tree_n: int, repeats: int) -> dict:
                 row = {}
                 for impl in ("torch", "native"):
                     os.environ["RHYME_CPU_ATTENTION"] = impl
+                    settings.reload()
                     row[f"{impl}_ms"] = _best_ms(_op_case(batch, context, n, dtype, seed=batch + context), repeats)
                 row["torch_over_native"] = row["torch_ms"] / row["native_ms"]
                 key = f"{str(dtype).removeprefix('torch.')} {kind} batch {batch} context {context}"
@@ -97,6 +99,7 @@ def ops_side_by_side(cases, tree_n: int, repeats: int) -> dict:
                 print(f"  {key}: torch {row['torch_ms']:.1f} ms, native {row['native_ms']:.1f} ms "
                       f"per step (x{row['torch_over_native']:.2f})", flush=True)
     os.environ.pop("RHYME_CPU_ATTENTION", None)
+    settings.reload()
     return results
 
 

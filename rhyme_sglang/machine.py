@@ -33,12 +33,15 @@ import time
 from pathlib import Path
 from typing import Callable, NamedTuple, Optional
 
+from rhyme_sglang import settings as _settings
+from rhyme_sglang.settings import cache_root
+
 logger = logging.getLogger(__name__)
 
 DTYPES = ("bfloat16", "float16", "float32", "half", "float")  # sglang's names
 PROBE_SHAPE = (64, 576, 1536)  # rows x in x out: a SmolLM2 MLP projection at 64 tokens
-PROBE_ENV = "RHYME_GEMM_PROBE"
-DECODE_PROBE_ENV = "RHYME_DECODE_PROBE"
+PROBE_ENV = _settings.ENV_NAMES["gemm_probe"]
+DECODE_PROBE_ENV = _settings.ENV_NAMES["decode_probe"]
 # rows of the decode probe's steps: plain decode at batch 1 and 8, a verify of 8 draft tokens
 STEP_ROWS = (1, 8, 9)
 STEP_NAMES = ("plain b1", "plain b8", "verify 9 rows")
@@ -82,16 +85,6 @@ class DecodeProbe(NamedTuple):
                           in zip(STEP_NAMES, self.float32, self.bfloat16))
         return (f"layer products fp32 / bf16 ms: {steps}; bf16/fp32 x{self.bf16_over_fp32():.2f} "
                 f"({self.source})")
-
-
-def env_choice(name: str, choices: tuple, default: str, env: dict | None = None) -> str:
-    """The value of the switch ``name`` in ``env`` (the process environment by default),
-    ``default`` when unset or blank; a ValueError naming the variable when it is not one of
-    ``choices``."""
-    text = (os.environ if env is None else env).get(name, default).strip() or default
-    if text not in choices:
-        raise ValueError(f"{name} must be one of {choices}, got {text!r}")
-    return text
 
 
 def _explicit(requested: Optional[str]) -> Optional[str]:
@@ -250,8 +243,7 @@ def parse_decode_probe(text: str) -> DecodeProbe:
 
 
 def cache_path(name: str = "gemm_probe.json") -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "rhyme_sglang" / name
+    return cache_root() / name
 
 
 def _read_table(cache: Path) -> dict:
@@ -287,9 +279,9 @@ def _cached(cache: Path, key: str, measure: Callable[[], NamedTuple],
 def gemm_probe(cache: Optional[Path] = None, env: Optional[dict] = None) -> GemmProbe:
     """The injected GEMM probe (``RHYME_GEMM_PROBE``), else this machine's cached one, else a
     new measurement (then cached)."""
-    env = os.environ if env is None else env
-    if env.get(PROBE_ENV):
-        return parse_probe(env[PROBE_ENV])
+    injected = _settings.of(env).gemm_probe
+    if injected:
+        return parse_probe(injected)
     return _cached(cache or cache_path(), machine_key(), measure_probe,
                    lambda e: GemmProbe(float(e["float32"]), float(e["bfloat16"]), "cached"))
 
@@ -315,9 +307,9 @@ def _load_decode(entry: dict) -> DecodeProbe:
 def decode_probe(cache: Optional[Path] = None, env: Optional[dict] = None) -> DecodeProbe:
     """The injected decode probe (``RHYME_DECODE_PROBE``), else this machine's cached one, else
     a new measurement (then cached)."""
-    env = os.environ if env is None else env
-    if env.get(DECODE_PROBE_ENV):
-        return parse_decode_probe(env[DECODE_PROBE_ENV])
+    injected = _settings.of(env).decode_probe
+    if injected:
+        return parse_decode_probe(injected)
     return _cached(cache or cache_path("decode_probe.json"), decode_probe_key(),
                    measure_decode_probe, _load_decode)
 
@@ -362,7 +354,7 @@ def resolve_train_dtype(requested: Optional[str] = "auto") -> str:
 
 
 # ---- threads ---------------------------------------------------------------------------------
-THREADS_ENV = "RHYME_CPU_THREADS"
+THREADS_ENV = _settings.ENV_NAMES["cpu_threads"]
 
 
 def usable_cores() -> int:
@@ -372,29 +364,18 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _threads_env(env: Optional[dict], name: str) -> Optional[int]:
-    """Environment variable ``name`` as a thread count >= 1, None when unset or ``auto``."""
-    env = os.environ if env is None else env
-    text = env.get(name, "").strip()
-    if text in ("", "0", "auto"):
-        return None
-    if not text.isdigit():
-        raise ValueError(f"{name} must be a positive int or 'auto', got {text!r}")
-    return int(text)
-
-
 def threads_from_env(env: Optional[dict] = None) -> Optional[int]:
     """``RHYME_CPU_THREADS`` as an int >= 1, None when unset or ``auto``."""
-    return _threads_env(env, THREADS_ENV)
+    return _settings.of(env).cpu_threads
 
 
-KERNEL_THREADS_ENV = "RHYME_KERNEL_THREADS"
+KERNEL_THREADS_ENV = _settings.ENV_NAMES["kernel_threads"]
 _kernel_threads: Optional[int] = None  # this process's choice, once made
 
 
 def kernel_threads_from_env(env: Optional[dict] = None) -> Optional[int]:
     """``RHYME_KERNEL_THREADS`` as an int >= 1, None when unset or ``auto``."""
-    return _threads_env(env, KERNEL_THREADS_ENV)
+    return _settings.of(env).kernel_threads
 
 
 def kernel_threads() -> int:
@@ -486,6 +467,8 @@ def export_scheduler_threads(threads: Optional[int], env: Optional[dict] = None,
         env[THREADS_ENV] = str(choose_scheduler_threads(threads, 1))
     if kernels is not None:
         env[KERNEL_THREADS_ENV] = str(choose_kernel_threads(kernels, 1))
+    if env is os.environ:
+        _settings.reload()
 
 
 def describe_machine() -> str:

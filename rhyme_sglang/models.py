@@ -17,6 +17,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from rhyme_sglang.settings import cache_root
+
 logger = logging.getLogger(__name__)
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -36,8 +38,7 @@ _TOKENIZER_TEXT = (
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("RHYME_CACHE_DIR") or str(Path.home() / ".cache" / "rhyme_sglang")
-    return Path(root) / "models"
+    return cache_root() / "models"
 
 
 def _is_ready(folder: Path) -> bool:

@@ -17,6 +17,8 @@ import time
 import urllib.error
 import urllib.request
 
+from rhyme_sglang.settings import prepare_cpu_env
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -71,7 +73,7 @@ class ServerProcess:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log_start = self._log.tell()
-        env = dict(os.environ, OMP_NUM_THREADS="1", SGLANG_USE_CPU_ENGINE="1")
+        env = prepare_cpu_env(dict(os.environ), override=True)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", self.module, *self.base_args(), *self._args],
             stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True,

@@ -8,13 +8,35 @@ import tempfile
 
 import pytest
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from rhyme_sglang import settings
+
+settings.prepare_cpu_env()
 # RHYME engines keep measured step costs between starts; each test process gets its own file,
 # so no test starts from another run's (or the user's) cost table
 os.environ.setdefault("RHYME_STEP_COSTS", os.path.join(
     tempfile.mkdtemp(prefix="rhyme-step-costs-"), "step_costs.json"))
+settings.reload()
+
+
+class _SettingsMonkeyPatch(pytest.MonkeyPatch):
+    """pytest's ``monkeypatch`` whose environment changes reach :mod:`rhyme_sglang.settings`
+    (the library reads its ``RHYME_*`` switches once per process)."""
+
+    def setenv(self, name, value, prepend=None):
+        super().setenv(name, value, prepend)
+        settings.reload()
+
+    def delenv(self, name, raising=True):
+        super().delenv(name, raising)
+        settings.reload()
+
+
+@pytest.fixture
+def monkeypatch():
+    patch = _SettingsMonkeyPatch()
+    yield patch
+    patch.undo()
+    settings.reload()
 
 
 def _has(module: str) -> bool:

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from typing import List, Optional, Sequence
 
 from rhyme_sglang.core.draft import Draft
 from rhyme_sglang.core.trace import TraceRecord
+from rhyme_sglang.settings import prepare_cpu_env
 
 from .base import DraftSource, request_id
 
@@ -15,7 +15,7 @@ MAX_TRIE_DEPTH = 18  # server default
 
 def import_error() -> Optional[str]:
     """None when SGLang's NgramCorpus can be used, else the reason it cannot."""
-    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+    prepare_cpu_env()
     try:
         from sglang.srt.speculative.cpp_ngram.ngram_corpus import NgramCorpus  # noqa: F401
     except Exception as exc:  # any import-time failure means: skip this baseline

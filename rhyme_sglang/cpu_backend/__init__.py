@@ -43,16 +43,3 @@ def activate() -> None:
     from rhyme_sglang.cpu_backend import bootstrap
 
     bootstrap.install()
-
-
-def configure_environment(env: dict | None = None) -> dict:
-    """Environment variables sglang needs on a CPU-only machine (set if unset).
-
-    ``OMP_NUM_THREADS=1`` keeps the tokenizer and detokenizer processes to one thread each;
-    the scheduler sets its own compute threads (``torch.set_num_threads`` in
-    :func:`rhyme_sglang.sglang_ext.process.run_scheduler_process`, see
-    :func:`rhyme_sglang.machine.choose_scheduler_threads`)."""
-    env = os.environ if env is None else env
-    env.setdefault("SGLANG_USE_CPU_ENGINE", "1")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env

@@ -45,7 +45,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from rhyme_sglang.machine import env_choice, kernel_threads
+from rhyme_sglang.machine import kernel_threads
+from rhyme_sglang.settings import settings
 
 try:
     from . import _rhyme_attention as _native
@@ -54,13 +55,12 @@ except ImportError:  # not built: every request takes the batched PyTorch path
 
 CHUNK_BYTES = 256 << 20  # padded K/V + scores of one batched call, before splitting requests
 NATIVE_MAX_EXTEND = 16  # longer extends without a tree (prefill) take the SDPA path
-ATTENTION_IMPLS = ("auto", "native", "torch")
 _LIB = None
 
 
 def native_enabled() -> bool:
     """Whether the native paged path is used (``RHYME_CPU_ATTENTION``: auto, native, torch)."""
-    choice = env_choice("RHYME_CPU_ATTENTION", ATTENTION_IMPLS, "auto")
+    choice = settings().cpu_attention
     if choice == "native" and _native is None:
         raise ValueError("RHYME_CPU_ATTENTION=native but rhyme_sglang.cpu_backend._rhyme_attention "
                          "is not built (run `pip install -e .` or `make setup`)")

@@ -24,7 +24,6 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import importlib.util
-import os
 import sys
 
 STANDIN_PACKAGE = "rhyme_sglang.cpu_backend.standin"
@@ -144,7 +143,9 @@ def _declare_torchvision_ops() -> None:
 
 def install() -> None:
     """Append the finder once (idempotent)."""
-    if os.environ.get("RHYME_CPU_BACKEND", "1") == "0":
+    from rhyme_sglang.settings import backend_enabled
+
+    if not backend_enabled():
         return
     if not any(isinstance(f, StandinFinder) for f in sys.meta_path):
         sys.meta_path.append(StandinFinder())

@@ -31,16 +31,15 @@ import torch
 import torch.nn.functional as F
 
 from rhyme_sglang.cpu_backend import linear, native_step, small_ops, step_plan
-from rhyme_sglang.machine import env_choice
+from rhyme_sglang import settings as _settings
 
 logger = logging.getLogger(__name__)
-MODE_ENV = "RHYME_CPU_LEAN"
-MODES = ("on", "off", "check")
+MODE_ENV = _settings.ENV_NAMES["cpu_lean"]
 _FITS_ATTR = "_rhyme_lean_fits"
 
 
 def mode(env: Optional[dict] = None) -> str:
-    return env_choice(MODE_ENV, MODES, "on", env)
+    return _settings.of(env).cpu_lean
 
 
 class LeanMismatch(RuntimeError):

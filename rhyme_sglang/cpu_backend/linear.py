@@ -45,13 +45,14 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from rhyme_sglang.machine import env_choice, kernel_threads
+from rhyme_sglang import settings as _settings
+from rhyme_sglang.machine import kernel_threads
 
 logger = logging.getLogger(__name__)
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # rows; a call uses the first bucket >= its rows
-MODE_ENV = "RHYME_CPU_LINEAR"
-MODES = ("auto", "plain", "packed", "native")
+MODE_ENV = _settings.ENV_NAMES["cpu_linear"]
+MODES = _settings.LINEAR_MODES
 KERNELS = ("plain", "onednn", "native")
 MEASURE_METHOD = "streamed-margin"  # in the cache key: choices measured another way are measured again
 # Another kernel is chosen over the native one only when it is this much faster: where every
@@ -85,7 +86,7 @@ def weights_changed() -> None:
 
 
 def mode(env: Optional[dict] = None) -> str:
-    return env_choice(MODE_ENV, MODES, "auto", env)
+    return _settings.of(env).cpu_linear
 
 
 def bucket_index(rows: int) -> int:
@@ -255,8 +256,7 @@ def measure_choice(out_features: int, in_features: int, dtype: torch.dtype,
 
 
 def cache_path() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "rhyme_sglang" / "linear_kernels.json"
+    return _settings.cache_root() / "linear_kernels.json"
 
 
 _choices: dict = {}

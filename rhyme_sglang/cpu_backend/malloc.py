@@ -26,12 +26,10 @@ from __future__ import annotations
 import ctypes
 import logging
 
-from rhyme_sglang.machine import env_choice
+from rhyme_sglang import settings as _settings
 
 logger = logging.getLogger(__name__)
 
-MALLOC_ENV = "RHYME_CPU_MALLOC"
-MALLOC_MODES = ("keep", "glibc")
 # mallopt parameters (glibc's malloc.h) and the values set
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4
 SETTINGS = ((M_TRIM_THRESHOLD, 2**31 - 1), (M_MMAP_THRESHOLD, 32 << 20), (M_MMAP_MAX, 0))
@@ -53,7 +51,7 @@ def keep_freed_memory(env: dict | None = None) -> str:
     """Apply the module's malloc settings in this process (``RHYME_CPU_MALLOC``: ``keep``, the
     default, or ``glibc``). Returns what was done: ``"keep"``, ``"glibc"`` (asked to leave
     the defaults) or ``"unsupported"`` (no glibc, or a ``mallopt`` call refused)."""
-    if env_choice(MALLOC_ENV, MALLOC_MODES, "keep", env) == "glibc":
+    if _settings.of(env).cpu_malloc == "glibc":
         return "glibc"
     libc = _glibc()
     if libc is None:

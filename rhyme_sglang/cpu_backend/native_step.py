@@ -20,7 +20,8 @@ from typing import NamedTuple, Optional
 import torch
 
 from rhyme_sglang.cpu_backend import linear, small_ops
-from rhyme_sglang.machine import env_choice, kernel_threads
+from rhyme_sglang import settings as _settings
+from rhyme_sglang.machine import kernel_threads
 
 try:
     from . import _rhyme_attention, _rhyme_gemm, _rhyme_ops, _rhyme_step
@@ -30,8 +31,7 @@ try:
 except (ImportError, AttributeError):  # a module not built (or built before kernels.h)
     _native = None
 
-MODE_ENV = "RHYME_CPU_STEP"
-MODES = ("native", "python")
+MODE_ENV = _settings.ENV_NAMES["cpu_step"]
 _STACK_ATTR = "_rhyme_native_stack"
 _DTYPES = (torch.float32, torch.bfloat16)
 # per column of a layer's row (decoder_step.cpp's Column): the dtype of a model of dtype d is d,
@@ -47,7 +47,7 @@ def takes_bf16() -> bool:
 
 
 def enabled(env: Optional[dict] = None) -> bool:
-    return env_choice(MODE_ENV, MODES, "native", env) == "native" and _native is not None
+    return _settings.of(env).cpu_step == "native" and _native is not None
 
 
 class _Stack(NamedTuple):

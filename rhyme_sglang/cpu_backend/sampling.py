@@ -34,16 +34,14 @@ from typing import Optional
 import torch
 
 from rhyme_sglang.cpu_backend.seeded import seeded_sample_rows
-from rhyme_sglang.machine import env_choice
-
-SAMPLING_IMPLS = ("inverse_cdf", "torch")
+from rhyme_sglang.settings import settings
 
 
 def sampling_impl() -> str:
     """Plain sampling's draw on CPU (``RHYME_CPU_SAMPLING``): ``inverse_cdf`` (the default: ours,
     the seeded race of :mod:`.seeded`, or :func:`sample_rows` without seeds) or ``torch``
     (sglang's ``torch.multinomial``, seeds ignored)."""
-    return env_choice("RHYME_CPU_SAMPLING", SAMPLING_IMPLS, "inverse_cdf")
+    return settings().cpu_sampling
 
 
 def _as_row_values(values, num_rows: int) -> list:

@@ -21,19 +21,19 @@ from typing import Optional
 
 import torch
 
-from rhyme_sglang.machine import env_choice
+from rhyme_sglang import settings as _settings
 
 try:
     from . import _rhyme_ops as _native
 except ImportError:  # not built: sglang's own ops
     _native = None
 
-MODE_ENV = "RHYME_CPU_SMALL_OPS"
-MODES = ("native", "torch")
+
+MODE_ENV = _settings.ENV_NAMES["cpu_small_ops"]
 
 
 def enabled(env: Optional[dict] = None) -> bool:
-    return env_choice(MODE_ENV, MODES, "native", env) == "native" and _native is not None
+    return _settings.of(env).cpu_small_ops == "native" and _native is not None
 
 
 _DTYPES = (torch.float32, torch.bfloat16)

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from rhyme_sglang.settings import prepare_cpu_env
+
 CPU_DEFAULTS = {
     "device": "cpu",
     "attention_backend": "intel_amx",
@@ -82,7 +84,7 @@ def apply_cpu_defaults(kwargs: dict) -> dict:
         return kwargs
     from rhyme_sglang import cpu_backend
 
-    cpu_backend.configure_environment()
+    prepare_cpu_env()
     cpu_backend.activate()
     out = dict(CPU_DEFAULTS)
     if "model_path" in kwargs and kwargs.get("max_total_tokens") is None:
@@ -90,7 +92,3 @@ def apply_cpu_defaults(kwargs: dict) -> dict:
                                                  str(kwargs.get("dtype", "float32")))
     out.update({k: v for k, v in kwargs.items() if not (k == "max_total_tokens" and v is None)})
     return out
-
-
-def cpu_env_ready() -> bool:
-    return os.environ.get("SGLANG_USE_CPU_ENGINE") == "1"

@@ -31,18 +31,18 @@ import os
 from multiprocessing.context import ForkServerProcess
 from typing import List
 
-START_METHOD_ENV = "RHYME_START_METHOD"
+from rhyme_sglang import settings
+
+START_METHOD_ENV = settings.ENV_NAMES["start_method"]
 PRELOAD = "rhyme_sglang.sglang_ext.forkserver_preload"
 _launched: List[int] = []  # PIDs of the processes started through _Multiprocessing
 
 
 def start_method() -> str:
     """``forkserver`` or ``spawn``: the env var when set, else forkserver on a CPU-only machine."""
-    value = os.environ.get(START_METHOD_ENV, "").strip().lower()
-    if value in ("forkserver", "spawn"):
+    value = settings.settings().start_method
+    if value != "auto":
         return value
-    if value:
-        raise ValueError(f"{START_METHOD_ENV} must be 'forkserver' or 'spawn', got {value!r}")
     from rhyme_sglang.sglang_ext.cpu_defaults import on_cpu_only_machine
 
     return "forkserver" if on_cpu_only_machine() else "spawn"
@@ -63,6 +63,7 @@ class _AsLaunched:
             pass
         os.environ.clear()
         os.environ.update(self.env)
+        settings.reload()  # the fork server's copy was read from its own environment
         os.chdir(self.cwd)
         _report_parent_as(self.launcher)
         return self.target(*args, **kwargs)

@@ -43,20 +43,20 @@ import time
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
+from rhyme_sglang.settings import ENV_NAMES, cache_root, settings
+
 logger = logging.getLogger(__name__)
 
-PATH_ENV = "RHYME_STEP_COSTS"
+PATH_ENV = ENV_NAMES["step_costs"]
 SAVE_EVERY_S = 30.0
 FORMAT = 3  # 3: context-free seconds and context costs; 2: rows per request (not read)
 Table = Dict[Tuple[int, int], float]  # (batch bucket, width) -> seconds of a whole step
 
 
 def cache_path() -> Path:
-    explicit = os.environ.get(PATH_ENV)
-    if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "rhyme_sglang" / "step_costs.json"
+    """``RHYME_STEP_COSTS`` when set, else ``step_costs.json`` in the cache root."""
+    explicit = settings().step_costs
+    return Path(explicit).expanduser() if explicit else cache_root() / "step_costs.json"
 
 
 def table_key(model_shape: dict, dtype: str, threads, device: str) -> str:

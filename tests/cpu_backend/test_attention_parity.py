@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rhyme_sglang import settings as rhyme_settings
 from rhyme_sglang.cpu_backend import attention
 from tests.cpu_backend.reference_attention import decode_attention_ref, extend_attention_ref
 
@@ -26,6 +27,7 @@ def _impl(name):
     """RHYME_CPU_ATTENTION=name for the duration (not a fixture: hypothesis reruns the body)."""
     old = os.environ.get("RHYME_CPU_ATTENTION")
     os.environ["RHYME_CPU_ATTENTION"] = name
+    rhyme_settings.reload()
     try:
         yield
     finally:
@@ -33,6 +35,7 @@ def _impl(name):
             os.environ.pop("RHYME_CPU_ATTENTION")
         else:
             os.environ["RHYME_CPU_ATTENTION"] = old
+        rhyme_settings.reload()
 
 
 def _heads(draw):

@@ -112,6 +112,7 @@ def test_patched_sglang_layers_equal_their_own_ops():
         import torch
         from sglang.srt.layers import layernorm
         from sglang.srt.layers.rotary_embedding import base
+        from rhyme_sglang import settings
         from rhyme_sglang.cpu_backend import patches, small_ops
         assert {"native_cpu_rmsnorm", "native_cpu_rotary"} <= patches.APPLIED
         gen = torch.Generator().manual_seed(0)
@@ -129,11 +130,13 @@ def test_patched_sglang_layers_equal_their_own_ops():
         native = (*norm.forward_native(x, residual), *rope.forward_native(positions, q, k))
         assert calls == ["rmsnorm", "rotary"], calls
         os.environ[small_ops.MODE_ENV] = "torch"
+        settings.reload()
         own = (*norm.forward_native(x, residual), *rope.forward_native(positions, q, k))
         assert calls == ["rmsnorm", "rotary"], calls
         for got, want in zip(native, own):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         os.environ[small_ops.MODE_ENV] = "native"
+        settings.reload()
         extra = torch.randn(5, 96, generator=gen)
         out, summed = norm.forward_native(x, residual, post_residual_addition=extra)
         assert calls == ["rmsnorm", "rotary"], calls

@@ -15,7 +15,9 @@ def _sleeper():
 
 
 def test_sglang_child_kill_spares_processes_the_engine_did_not_start():
-    import rhyme_sglang.sglang_ext.engine  # noqa: F401  (CPU environment before sglang)
+    from rhyme_sglang.sglang_ext.engine import prepare_process
+
+    prepare_process()  # the CPU environment before sglang
     from sglang.srt.entrypoints import engine as sglang_engine
 
     from rhyme_sglang.sglang_ext import own_children

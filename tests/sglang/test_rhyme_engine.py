@@ -388,7 +388,7 @@ def test_bad_control_input_is_refused_and_history_intact(tiny, tmp_path):
 def test_snapshot_survives_engine_restart(tiny, engines, tmp_path, monkeypatch):
     import psutil
 
-    from rhyme_sglang.sglang_ext import engine as engine_module
+    from rhyme_sglang.sglang_ext import offline_engine as engine_module
     from rhyme_sglang.sglang_ext import forkserver, own_children
 
     engine = tiny("tiny-rhyme")
