@@ -1,6 +1,6 @@
 """Where should a prompt's history live when prompts move between engines? Memory and tau.
 
-Offline, on a real multi-epoch trace (the replay protocol of ``trace-format.md``, history
+Offline, on a real multi-epoch trace (the replay protocol of ``docs/trace-format.md``, history
 mode, k draft tokens): ``--engines`` draft stores stand for engines; each epoch every prompt is
 served by one engine, and ``--move`` of the prompts move to another engine at every epoch
 (a routing change, a restarted or added engine, the driver's re-balancing). Policies:
@@ -14,7 +14,7 @@ served by one engine, and ``--move`` of the prompts move to another engine at ev
 data as ``transfer`` once the moves are known in advance; it is what the driver does for
 migrated responses.) Prints one line per policy and the ratios, writes JSON.
 
-    python -m benchmarks.history_placement --traces ../shared/data/traces_smollm2_arith_dev.jsonl.gz
+    python -m benchmarks.history_placement --traces benchmarks/data/traces_smollm2_arith_dev.jsonl.gz
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def simulate(records, policy: str, engines: int, move: float, k: int, seed: int)
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.history_placement")
-    parser.add_argument("--traces", default="../shared/data/traces_smollm2_arith_dev.jsonl.gz")
+    parser.add_argument("--traces", default="benchmarks/data/traces_smollm2_arith_dev.jsonl.gz")
     parser.add_argument("--engines", type=int, default=2)
     parser.add_argument("--move", type=float, default=0.25)
     parser.add_argument("--k", type=int, default=8)

@@ -1,6 +1,6 @@
 """Per-epoch statistics of a rollout trace: reward, response lengths and reusable tokens.
 
-The reuse statistic is the one of ``shared/data/README.md``: a response token counts as
+The reuse statistic is the one of ``benchmarks/data/README.md``: a response token counts as
 reusable when its ``n``-token context plus the token itself (``n`` = 4) appears in the previous
 epoch's responses to the same prompt. Lengths report mean, median, max, the max / median tail
 ratio and how many responses hit the length cap (``finish_reason == "length"``).

@@ -2,7 +2,7 @@
 
 Runs ``rl_driver.loop.run`` (rollouts on rhyme-sglang engines, GRPO updates on the trainer,
 weight sync each epoch) and writes ``OUT.jsonl.gz`` in the trace format of
-notes/trace-format.md plus the ``OUT.meta.json`` sidecar (model, tokenizer, sampling
+docs/trace-format.md plus the ``OUT.meta.json`` sidecar (model, tokenizer, sampling
 settings, per-epoch stats).
 
 ``--task NAME`` (a preset of ``rl_driver.task_presets``) makes the trace a warm-started

@@ -1,4 +1,4 @@
-"""benchmarks.trace_stats: the reuse statistic of shared/data/README.md, per epoch."""
+"""benchmarks.trace_stats: the reuse statistic of benchmarks/data/README.md, per epoch."""
 
 import pytest
 

@@ -91,7 +91,7 @@ class RhymeConfig:
     request_calibration: bool = _opt(
         False, "1: each request's expected acceptance is also scaled by what its own recent "
         "verifies accepted against what the shared calibration expected; 0: the shared "
-        "calibration alone (two bench_rollout A/Bs in stop 45 measured no gain from 1)")
+        "calibration alone (the default: bench_rollout A/Bs measured no gain from 1)")
 
     def __post_init__(self) -> None:
         if self.widths is not None:
