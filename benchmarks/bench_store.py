@@ -6,8 +6,8 @@ that mostly agree. Seeded; a warm-up pass runs first; one summary line per backe
 
 In-flight part (native): `--inflight` responses grow in their prompt's live trie a few tokens
 per step (`--step`, about one verify step's accepted tokens), round robin, as the scheduler
-feeds them; growing each as a stream (the default since stop 8) against growing it by plain
-extension (before), side by side: the same logical trie, its records, bytes per in-flight
+feeds them; growing each as a stream (what the store does) against growing it by plain
+extension, side by side: the same logical trie, its records, bytes per in-flight
 token and growth throughput.
 
     python -m benchmarks.bench_store [--responses 10000] [--length 500] [--json OUT]
@@ -92,13 +92,21 @@ def bench_inflight(rollouts, step: int, streams: bool, depth: int) -> dict:
     """Grow every response of `rollouts` in its prompt's live trie, `step` tokens at a time."""
     tries = {pid: make_trie(depth, "native") for pid, _, _ in rollouts}
     seqs = [array("i") for _ in rollouts]
+    handles = [-1] * len(rollouts)
     length = max(len(r) for _, _, r in rollouts)
     t0 = time.perf_counter()
     for lo in range(0, length, step):
         for k, (pid, _, resp) in enumerate(rollouts):
             if lo < len(resp):
                 seqs[k].extend(resp[lo:lo + step])
-                tries[pid].update(seqs[k], lo, 1, 256, k if streams else -1)
+                trie = tries[pid]
+                if lo == 0:
+                    if streams:
+                        handles[k] = trie.open_stream(seqs[k], 256)
+                    else:
+                        trie.insert(seqs[k], 256)
+                else:
+                    trie.extend(seqs[k], lo, 256, handles[k])
     grow_s = time.perf_counter() - t0
     tokens = sum(len(s) for s in seqs)
     mem = sum(t.estimate_memory() for t in tries.values())

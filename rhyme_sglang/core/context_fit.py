@@ -7,10 +7,10 @@ width) do not see::
     seconds = cell(batch size, width) + c_keys * keys + c_rows * row_keys
 
 ``keys``: the batch's context tokens (sum of its requests' lengths); ``row_keys``: each draft
-row times its request's context (a verify's extra rows; 0 for a plain step). Why it matters: the CPU attention of SmolLM2
-at batch 11 (30 layers, fp32, one thread; stop 44, CPU flags avx512/amx) takes 6.8 ms a step
-at contexts of 100 tokens and 91 ms at 1200, and one extra row per request adds 5.8 ms at
-100 and 32 ms at 1200. In ``bench_rollout`` run 28 (stop 43, CPU flags ``avx2``) cells
+row times its request's context (a verify's extra rows; 0 for a plain step). Why it matters:
+the CPU attention of SmolLM2 at batch 11 (30 layers, fp32, one thread, CPU flags avx512/amx)
+takes 6.8 ms a step at contexts of 100 tokens and 91 ms at 1200, and one extra row per request
+adds 5.8 ms at 100 and 32 ms at 1200. In a ``bench_rollout`` run (CPU flags ``avx2``) cells
 measured early in a rollout (short contexts) priced width-1 verifies late in it (contexts up
 to ~1200) too low: 269 of them lost 12% against plain steps.
 

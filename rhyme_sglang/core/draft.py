@@ -28,10 +28,6 @@ class Draft:
     def __len__(self) -> int:
         return len(self.token_ids)
 
-    @property
-    def is_chain(self) -> bool:
-        return all(p == i - 1 for i, p in enumerate(self.parents))
-
     def paths(self) -> List[List[int]]:
         """All root-to-leaf token paths."""
         has_child = [False] * len(self.token_ids)

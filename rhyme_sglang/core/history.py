@@ -50,6 +50,19 @@ class ResponseRecord:
     in_global: bool = False
     alive: bool = True
 
+    def to_state(self) -> dict:
+        """The record as plain data (`seq` stays an int32 array); see `DraftStore.to_state`."""
+        return {"key": self.key, "epoch": self.epoch, "sample": self.sample, "seq": self.seq,
+                "len": self.response_len, "reward": self.reward, "factor": self.factor,
+                "weight": self.weight, "rid": self.request_id, "global": self.in_global}
+
+    @classmethod
+    def from_state(cls, state: dict) -> "ResponseRecord":
+        """The record `to_state` gave; KeyError, TypeError or ValueError when malformed."""
+        return cls(state["key"], int(state["epoch"]), int(state["sample"]), array("i", state["seq"]),
+                   int(state["len"]), state["reward"], float(state["factor"]), int(state["weight"]),
+                   state["rid"], bool(state["global"]))
+
 
 @dataclass
 class ActiveRequest:
@@ -64,7 +77,7 @@ class ActiveRequest:
     window: SpecWindow
     reward: Optional[float] = None
     last_draft: Optional[object] = None
-    stream: int = -1  # the live trie's growing-sequence id for `seq` (see SuffixTrie.update)
+    stream: int = -1  # the live trie's handle of `seq` as a growing stream (SuffixTrie.open_stream)
 
 
 class EpochRecords(list):

@@ -10,7 +10,7 @@ sequences (native or Python, before or after a snapshot) produce identical draft
 from __future__ import annotations
 
 import heapq
-from typing import List, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 DraftTuple = Tuple[List[int], List[int], List[float], float, int]
 NODE_BYTES = 120  # rough per-node cost of a Python node (object + dict entry in the parent)
@@ -23,6 +23,11 @@ class _Node:
         self.children: dict = {}
         self.count = 0
         self.weight = 0
+
+
+def _check_weight(weight: int) -> None:
+    if weight <= 0:
+        raise ValueError(f"weight must be > 0, got {weight}")
 
 
 def _top_children(node: _Node, max_branch: int, prefer: int = -1):
@@ -48,7 +53,8 @@ class PySuffixTrie:
         self.max_depth = max_depth
         self._root = _Node()
         self._num_nodes = 0
-        self._streams: set = set()
+        self._streams: Dict[int, int] = {}  # open stream handle -> tokens it holds
+        self._next_stream = 0
 
     @property
     def num_nodes(self) -> int:
@@ -59,19 +65,70 @@ class PySuffixTrie:
         self._num_nodes = 0
         self._streams.clear()
 
-    def update(self, seq: Sequence[int], lo: int, dcount: int, dweight: int,
-               stream: int = -1) -> None:
-        """Add (dcount, dweight) to every substring seq[i:j] with j > lo and j - i <= max_depth.
+    # ---- changing the stored multiset: insert, extend, reweight, remove
+    def insert(self, seq: Sequence[int], weight: int) -> None:
+        """Store one more occurrence of `seq` with `weight` (> 0): each substring of length
+        <= max_depth gains count 1 and `weight`."""
+        _check_weight(weight)
+        self._add(seq, 0, weight)
 
-        `lo=0, dcount=1` inserts a sequence; `lo=old_len` extends one already inserted up to
-        `old_len`; `dcount=-1` with the same weight removes it; `dcount=0` re-weights it.
-        Nodes whose count drops to zero are deleted with their subtrees. `stream` (>= 0, with
-        dcount > 0) names a growing sequence, open until `close_stream`: the native trie stores it
-        compactly (see its `update`); it never changes the content, so this uncompressed twin only
-        keeps the set of open streams.
-        """
-        if stream >= 0 and dcount > 0 and lo <= len(seq):
-            self._streams.add(stream)
+    def extend(self, seq: Sequence[int], lo: int, weight: int, stream: int = -1) -> None:
+        """`seq[:lo]` is stored with `weight`; store the rest (the substrings ending at `lo` or
+        later). `stream`: a handle from `open_stream` holding `seq[:lo]`; it changes only how
+        compactly the native trie stores the growth, never the content."""
+        _check_weight(weight)
+        if not 0 <= lo <= len(seq):
+            raise ValueError(f"lo must be in [0, len(seq)], got {lo}")
+        if stream != -1:
+            held = self._open(stream)
+            if held != lo:
+                raise ValueError(f"stream {stream} holds {held} tokens, not seq[:lo] with lo={lo}")
+            self._streams[stream] = len(seq)
+        self._add(seq, lo, weight)
+
+    def open_stream(self, seq: Sequence[int], weight: int) -> int:
+        """Insert `seq` as a sequence that will grow through `extend(..., stream=handle)`;
+        returns the handle, which the caller gives back with `close_stream`."""
+        _check_weight(weight)
+        handle, self._next_stream = self._next_stream, self._next_stream + 1
+        self._streams[handle] = len(seq)
+        self._add(seq, 0, weight)
+        return handle
+
+    def close_stream(self, stream: int) -> None:
+        """The sequence of `stream` stops growing (it stays stored); the handle becomes invalid."""
+        self._open(stream)
+        del self._streams[stream]
+
+    @property
+    def num_streams(self) -> int:
+        return len(self._streams)
+
+    def reweight(self, seq: Sequence[int], dweight: int) -> None:
+        """Add `dweight` to the weight of a stored occurrence of `seq`."""
+        for node in self._walk_stored(seq):
+            node.weight += dweight
+
+    def remove(self, seq: Sequence[int], weight: int) -> None:
+        """Remove a stored occurrence of `seq` with `weight`; nodes left with count 0 are
+        deleted with their subtrees."""
+        _check_weight(weight)
+        for node, parent, tok in self._walk_stored(seq, with_parent=True):
+            node.count -= 1
+            node.weight -= weight
+            if node.count == 0:
+                if node.weight != 0:
+                    raise ValueError("removal does not match a stored sequence")
+                del parent.children[tok]
+                self._num_nodes -= self._subtree_size(node)
+
+    def _open(self, stream: int) -> int:
+        held = self._streams.get(stream)
+        if held is None:
+            raise ValueError(f"no open stream {stream!r}")
+        return held
+
+    def _add(self, seq: Sequence[int], lo: int, weight: int) -> None:
         n, depth = len(seq), self.max_depth
         for i in range(max(0, lo - depth + 1), n):
             node = self._root
@@ -79,29 +136,30 @@ class PySuffixTrie:
                 tok = seq[j]
                 child = node.children.get(tok)
                 if child is None:
-                    if dcount <= 0 or j < lo:
+                    if j < lo:
                         raise ValueError(f"sequence is not stored: missing token {tok} at offset {j}")
-                    child = _Node()
-                    node.children[tok] = child
+                    child = node.children[tok] = _Node()
                     self._num_nodes += 1
                 if j >= lo:
-                    child.count += dcount
-                    child.weight += dweight
-                    if child.count <= 0:
-                        if child.count < 0 or child.weight != 0:
-                            raise ValueError("removal does not match a stored sequence")
-                        del node.children[tok]
-                        self._num_nodes -= self._subtree_size(child)
-                        break
+                    child.count += 1
+                    child.weight += weight
                 node = child
 
-    def close_stream(self, stream: int) -> None:
-        """The sequence `stream` stops growing (it stays stored); unknown ids are ignored."""
-        self._streams.discard(stream)
-
-    @property
-    def num_streams(self) -> int:
-        return len(self._streams)
+    def _walk_stored(self, seq: Sequence[int], with_parent: bool = False):
+        """The node of every substring seq[i:j+1] (j - i < max_depth), suffix by suffix from the
+        root; a node whose count the caller drops to 0 ends its suffix's walk. ValueError when
+        `seq` is not stored."""
+        n, depth = len(seq), self.max_depth
+        for i in range(n):
+            node = self._root
+            for j in range(i, min(n, i + depth)):
+                child = node.children.get(seq[j])
+                if child is None:
+                    raise ValueError(f"sequence is not stored: missing token {seq[j]} at offset {j}")
+                yield (child, node, seq[j]) if with_parent else child
+                if child.count == 0:
+                    break
+                node = child
 
     @staticmethod
     def _subtree_size(node: _Node) -> int:

@@ -16,7 +16,7 @@ on. Each cell also keeps (EMAs) the context tokens its steps read (``keys``) and
 rows x their contexts (``row_keys``), and :class:`rhyme_sglang.core.context_fit.ContextFit`
 fits what one of each costs. Cells are read context-free (their seconds less those terms)
 and a step's estimate adds its own terms back, so a verify cell measured at 100-token
-contexts is not taken for a verify at 1200 (stop 43: that mistake ran 269 losing verifies).
+contexts is not taken for a verify at 1200.
 Callers that pass no contexts get the cells as measured.
 """
 
@@ -140,7 +140,7 @@ class StepCostTable:
         its bucket, and its reading at another size is extrapolated. At batch 16 a plain cell
         measured at 11.8 requests (the steps while a round's prefills were still joining) read
         56.7 ms against 42-44 ms measured at 16, and width-1 verifies (51 ms) looked cheaper
-        than plain steps for a whole round (stop 39, bench_serving)."""
+        than plain steps for a whole round (bench_serving)."""
         exact = self._plain.get(batch_size)
         if exact is not None:
             return self._free(*exact)
@@ -311,7 +311,7 @@ class StepCostTable:
         plain step). Piecewise linear in ``extra`` through the plain cell and the measured
         verify cells of the batch's bucket (each at its measured rows per request, scaled to
         this batch size); past the last one along the last segment, or the chord from the
-        first point to the last where that is steeper (stop 45: cells measured with ~2 rows a
+        first point to the last where that is steeper (cells measured with ~2 rows a
         step and a noisy last segment priced 23 rows at batch 12 at 0.6 ms a row, 71.6 ms a
         step against 126 ms measured, ~3 ms a row). Falls back to the curve
         over every cell when the bucket has fewer than two cells (None: nothing measured).

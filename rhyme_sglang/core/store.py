@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 from array import array
 from collections import OrderedDict
+from dataclasses import asdict
 from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from . import weights as W
 from .branching import RewardFit
-from .config import StoreConfig
+from .config import StoreConfig, WindowConfig
 from .combine import mix_draft_py
 from .draft import Draft
 from .history import (ActiveRequest, PromptHistory, ResponseRecord, check_tokens, prompt_key,
                       tail_of)
 from .lengths import LengthStats
 from .native import make_trie, native_module, resolve_backend
+from .persist import read_snapshot, write_snapshot
+from .transfer import parse_prompt_state, prompt_state
 from .upkeep import HistoryUpkeep
 from .window import SpecWindow
 
@@ -37,14 +39,18 @@ class DraftStore(HistoryUpkeep):
     """
 
     def __init__(self, config: Optional[StoreConfig] = None, backend: str = "auto") -> None:
-        self.config = config or StoreConfig()
         self.backend = resolve_backend(backend)
         self._mix = native_module().mix_draft if self.backend == "native" else mix_draft_py
+        self._reset(config or StoreConfig())
+
+    def _reset(self, config: StoreConfig) -> None:
+        """An empty store with `config` (the backend stays)."""
+        self.config = config
         self.epoch = 0
         self.epoch_origin = 0
-        self.lengths = LengthStats(self.config.default_length)
+        self.lengths = LengthStats(config.default_length)
         self._prompts: "OrderedDict[str, PromptHistory]" = OrderedDict()
-        self._global = self._new_trie(self.config.global_depth)
+        self._global = self._new_trie(config.global_depth)
         self._requests: Dict[str, ActiveRequest] = {}
         self._finished: Dict[str, ResponseRecord] = {}
         self._dirty_open: Set[Tuple[str, int]] = set()
@@ -53,9 +59,8 @@ class DraftStore(HistoryUpkeep):
         self._num_records = 0
         self._pending_global: List[ResponseRecord] = []
         self._trie_bytes = self._global.estimate_memory()
-        self._streams = itertools.count()  # live-trie stream ids of requests
-        self.reward_coef = self.config.reward_weight
-        self._reward_fit = RewardFit(self.reward_coef) if self.config.reward_rule == "online" else None
+        self.reward_coef = config.reward_weight
+        self._reward_fit = RewardFit(self.reward_coef) if config.reward_rule == "online" else None
 
     # ----------------------------------------------------------------- lifecycle
     def start_request(self, request_id: str, prompt_token_ids: Sequence[int],
@@ -71,16 +76,15 @@ class DraftStore(HistoryUpkeep):
         key = prompt_key(prompt, prompt_id)
         ph = self._touch(key, prompt)
         req = ActiveRequest(request_id, key, sample, self.epoch, len(ph.prompt_tail),
-                            array("i", ph.prompt_tail), SpecWindow(self.config.window),
-                            stream=next(self._streams))
+                            array("i", ph.prompt_tail), SpecWindow(self.config.window))
         if self.config.use_live:
             if ph.live is None:
                 ph.live = self._new_trie()
                 ph.live_prompt = prompt[-self.config.live_prompt_tokens:] \
                     if self.config.live_prompt_tokens else array("i")
-                ph.live.update(ph.live_prompt, 0, 1, W.WEIGHT_SCALE)
+                ph.live.insert(ph.live_prompt, W.WEIGHT_SCALE)
             # the request's sequence grows as a stream: the native trie keeps it path-compressed
-            ph.live.update(req.seq, 0, 1, W.WEIGHT_SCALE, req.stream)
+            req.stream = ph.live.open_stream(req.seq, W.WEIGHT_SCALE)
         ph.num_active += 1
         self._requests[request_id] = req
         return key
@@ -95,7 +99,7 @@ class DraftStore(HistoryUpkeep):
         req.seq.extend(new)
         ph = self._prompts[req.key]
         if ph.live is not None:
-            ph.live.update(req.seq, old, 1, W.WEIGHT_SCALE, req.stream)
+            ph.live.extend(req.seq, old, W.WEIGHT_SCALE, req.stream)
 
     def finish_request(self, request_id: str, reward: Optional[float] = None, *,
                        add_to_history: bool = True) -> Optional[ResponseRecord]:
@@ -106,7 +110,7 @@ class DraftStore(HistoryUpkeep):
         del self._requests[request_id]
         ph = self._prompts[req.key]
         if ph.live is not None:
-            ph.live.update(req.seq, 0, -1, -W.WEIGHT_SCALE)
+            ph.live.remove(req.seq, W.WEIGHT_SCALE)
             ph.live.close_stream(req.stream)
         ph.num_active -= 1
         if ph.num_active == 0:
@@ -293,9 +297,6 @@ class DraftStore(HistoryUpkeep):
             out.update(self._reward_fit.summary())
         return out
 
-    def window_size(self, request_id: str) -> int:
-        return self._request(request_id).window.size
-
     def records(self):
         """All stored response records, least recently used prompt first."""
         for ph in self._prompts.values():
@@ -330,30 +331,97 @@ class DraftStore(HistoryUpkeep):
             return False
         return all(id(r) in ids for r in self._finished.values())
 
+    # ----------------------------------------------------------------- moving history
     def export_prompt(self, prompt_id: str) -> dict:
         """One prompt's history as JSON-safe data for `import_prompt` (changes nothing);
         ValueError for an unknown prompt. See `transfer`."""
-        from .transfer import export_prompt
-        return export_prompt(self, prompt_id)
+        ph = self._prompts.get(prompt_id) if isinstance(prompt_id, str) else None
+        if ph is None:
+            raise ValueError(f"no history for prompt {prompt_id!r}")
+        return prompt_state(ph, self.epoch)
 
     def import_prompt(self, state: dict, replace: bool = False) -> int:
-        """Add an exported prompt history (responses already held are skipped, or replaced
-        when `replace`); returns how many were added. ValueError on malformed input, with
-        nothing added."""
-        from .transfer import import_prompt
-        return import_prompt(self, state, replace)
+        """Add an exported prompt history; returns how many responses were added.
+
+        A record without an epoch (or with None) belongs to the store's current epoch. A
+        response whose (epoch, sample) the store already holds is skipped, or replaces the held
+        one when `replace` (e.g. a migrated request's full response replaces the partial one its
+        finishing engine kept). Epochs outside the kept history window are skipped. All records
+        are checked first: ValueError on malformed input, and nothing is added."""
+        key, tail, responses = parse_prompt_state(state, self.epoch)
+        return self._import_responses(key, tail, responses, replace)
+
+    def to_state(self) -> dict:
+        """The history as plain data (what a snapshot holds; see `persist`): the config, epoch
+        counters, prompts with their tails in LRU order, every record (`seq` an int32 array),
+        the open epoch's groups awaiting a reward flush and the length statistics. Applies
+        pending reward re-weighting first; active requests are not part of it."""
+        self._flush()
+        return {
+            "config": asdict(self.config),
+            "epoch": self.epoch,
+            "epoch_origin": self.epoch_origin,
+            "prompts": [{"key": ph.key, "tail": list(ph.prompt_tail)}
+                        for ph in self._prompts.values()],
+            "records": [r.to_state() for r in self.records()],
+            "dirty_open": sorted([list(g) for g in self._dirty_open]),
+            "lengths": self.lengths.to_state(),
+        }
+
+    @classmethod
+    def from_state(cls, state: dict, backend: str = "auto") -> "DraftStore":
+        """A store holding the history of `state` (from `to_state`); ValueError if malformed."""
+        store = cls(backend=backend)
+        store._restore(state)
+        return store
 
     def save(self, path: str) -> None:
-        from .persist import save_store
-        save_store(self, path)
+        """Write the history to a snapshot file at `path` (atomically)."""
+        write_snapshot(path, self.to_state())
 
     def load(self, path: str) -> None:
         """Replace this store's history with a snapshot; on any error the store is unchanged."""
-        from .persist import load_store
         if self._requests:
             raise ValueError(f"cannot load a snapshot with active requests {list(self._requests)[:5]}")
-        fresh = load_store(path, self.backend)
-        self.__dict__.update(fresh.__dict__)
+        state = read_snapshot(path)
+        try:
+            self._restore(state)
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
+
+    def _restore(self, state: dict) -> None:
+        """Replace the history with `state`'s. All of it is checked before anything changes, so
+        a ValueError leaves the store as it was."""
+        try:
+            cfg = dict(state["config"])
+            cfg["window"] = WindowConfig(**cfg["window"])
+            config = StoreConfig(**cfg)
+            epoch, origin = int(state["epoch"]), int(state["epoch_origin"])
+            tails = {p["key"]: [int(t) for t in p["tail"]] for p in state["prompts"]}
+            records = [ResponseRecord.from_state(r) for r in state["records"]]
+            stray = {r.key for r in records} - tails.keys()
+            if stray:
+                raise ValueError(f"records of unknown prompts {sorted(stray)[:5]}")
+            dirty = {(k, int(e)) for k, e in state["dirty_open"]}
+            lengths = LengthStats(config.default_length)
+            lengths.load_state(state["lengths"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"snapshot content is invalid ({type(exc).__name__}: {exc})") from None
+        self._reset(config)
+        self.epoch, self.epoch_origin, self.lengths = epoch, origin, lengths
+        for key, tail in tails.items():
+            self._prompts[key] = PromptHistory(key, tail, self._new_trie())
+        for rec in records:
+            self._prompts[rec.key].group(rec.epoch).append(rec)
+            self._store(rec)
+            self._num_records += 1
+            self._num_tokens += len(rec.seq)
+            if rec.request_id is not None:
+                self._finished[rec.request_id] = rec
+            if not rec.in_global:
+                self._pending_global.append(rec)
+        self._recount_trie_bytes()
+        self._dirty_open = dirty
 
     # ----------------------------------------------------------------- internals
     def _new_trie(self, depth: Optional[int] = None):

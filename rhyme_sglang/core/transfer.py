@@ -1,36 +1,44 @@
 """One prompt's history as plain data, to move it between draft stores (engines).
 
-`export_prompt` reads a prompt's finished responses (JSON-safe: ints, floats, strings);
-`import_prompt` adds them to another store. A response keeps its epoch, sample, reward and
-request id, so the importing store rebuilds the same weights and, with the same epoch, the same
-drafts for that prompt. Used when a prompt moves between engines (routing change, restart,
-migration): see ``DraftStore.export_prompt`` / ``import_prompt``.
+`prompt_state` turns a prompt's finished responses into JSON-safe data (ints, floats, strings);
+`parse_prompt_state` checks such data and returns what another store adds. A response keeps its
+epoch, sample, reward and request id, so the importing store rebuilds the same weights and, with
+the same epoch, the same drafts for that prompt. Used when a prompt moves between engines
+(routing change, restart, migration): see ``DraftStore.export_prompt`` / ``import_prompt``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from array import array
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from . import weights as W
-from .history import check_tokens
+from .history import PromptHistory, check_tokens
 
 FORMAT = 1
 
 
-def export_prompt(store, prompt_id: str) -> Dict[str, Any]:
-    """The prompt's history (does not change state); ValueError for an unknown prompt."""
-    ph = store._prompts.get(prompt_id) if isinstance(prompt_id, str) else None
-    if ph is None:
-        raise ValueError(f"no history for prompt {prompt_id!r}")
+class ImportedResponse(NamedTuple):
+    epoch: int
+    sample: int
+    response: array
+    reward: Optional[float]
+    request_id: Optional[str]
+
+
+def prompt_state(ph: PromptHistory, epoch: int) -> Dict[str, Any]:
+    """The history of one prompt, exported by a store whose current epoch is `epoch`."""
     tail = len(ph.prompt_tail)
     records = [{"epoch": r.epoch, "sample": r.sample, "response": list(r.seq[tail:]),
                 "reward": r.reward, "rid": r.request_id}
-               for epoch in sorted(ph.records) for r in ph.records[epoch]]
+               for e in sorted(ph.records) for r in ph.records[e]]
     return {"format": FORMAT, "prompt_id": ph.key, "prompt_tail": list(ph.prompt_tail),
-            "epoch": store.epoch, "records": records}
+            "epoch": epoch, "records": records}
 
 
-def _checked(state: Any, current_epoch: int) -> tuple:
+def parse_prompt_state(state: Any, current_epoch: int) -> Tuple[str, array, List[ImportedResponse]]:
+    """(prompt_id, prompt_tail, responses) of an exported history; a record without an epoch
+    (or with None) belongs to `current_epoch`. ValueError on malformed input."""
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise ValueError(f"history must be an object with format {FORMAT} (from export)")
     key = state.get("prompt_id")
@@ -55,53 +63,9 @@ def _checked(state: Any, current_epoch: int) -> tuple:
         rid = item.get("rid")
         if rid is not None and not isinstance(rid, str):
             raise ValueError(f"history record rid must be a string, got {rid!r}")
-        out.append((epoch, sample, check_tokens(item.get("response"), "response"),
-                    W.check_reward(item.get("reward")), rid))
+        out.append(ImportedResponse(epoch, sample, check_tokens(item.get("response"), "response"),
+                                    W.check_reward(item.get("reward")), rid))
     return key, tail, out
-
-
-def import_prompt(store, state: Dict[str, Any], replace: bool = False) -> int:
-    """Add an exported prompt history; returns how many responses were added.
-
-    A record without an epoch (or with None) belongs to the store's current epoch. A response
-    whose (epoch, sample) the store already holds is skipped, or replaces the held
-    one when `replace` (e.g. a migrated request's full response replaces the partial one its
-    finishing engine kept). Epochs outside the kept history window are skipped. All records are
-    checked first: ValueError on malformed input, and nothing is added."""
-    key, tail, records = _checked(state, store.epoch)
-    ph = store._touch(key, tail)
-    added = 0
-    for epoch, sample, response, reward, rid in records:
-        if store._too_old(epoch):
-            continue
-        held = ph.find(epoch, sample)
-        if held is not None:
-            if not replace:
-                continue
-            _remove_record(store, ph, held)
-        if rid is not None and rid in store._finished:
-            rid = None  # request ids stay unique within a store
-        store._add_record(ph, response, epoch, sample, reward, rid)
-        added += 1
-    store._drop_if_empty(ph)
-    store._enforce_budget()
-    return added
-
-
-def _remove_record(store, ph, rec) -> None:
-    store._apply(rec, -1, -rec.weight)
-    if not rec.in_global:
-        store._pending_global = [r for r in store._pending_global if r is not rec]
-    rec.alive = False
-    group: List = ph.records[rec.epoch]
-    group.remove(rec)
-    if not group:
-        del ph.records[rec.epoch]
-    store._num_records -= 1
-    store._num_tokens -= len(rec.seq)
-    if rec.request_id is not None:
-        store._finished.pop(rec.request_id, None)
-    store._mark_dirty(ph.key, rec.epoch)
 
 
 def response_state(prompt_id: str, prompt_ids, response_ids, sample: int,

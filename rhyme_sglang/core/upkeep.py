@@ -31,20 +31,36 @@ class HistoryUpkeep:
     def _mark_dirty(self, key: str, epoch: int) -> None:
         (self._dirty_closed if epoch < self.epoch else self._dirty_open).add((key, epoch))
 
-    def _update(self, trie, seq, dcount: int, dweight: int) -> None:
+    def _change(self, trie, change, *args) -> None:
+        """Apply `change` (a bound trie method) to `trie`, keeping `_trie_bytes` current."""
         before = trie.estimate_memory()
-        trie.update(seq, 0, dcount, dweight)
+        change(*args)
         self._trie_bytes += trie.estimate_memory() - before
 
-    def _apply(self, rec: ResponseRecord, dcount: int, dweight: int) -> None:
-        self._update(self._prompts[rec.key].tree, rec.seq, dcount, dweight)
+    def _store(self, rec: ResponseRecord) -> None:
+        """Insert the record into its prompt's trie (and the global one when `in_global`)."""
+        tree = self._prompts[rec.key].tree
+        self._change(tree, tree.insert, rec.seq, rec.weight)
         if rec.in_global:
-            self._update(self._global, rec.seq, dcount, dweight)
+            self._change(self._global, self._global.insert, rec.seq, rec.weight)
+
+    def _unstore(self, rec: ResponseRecord) -> None:
+        tree = self._prompts[rec.key].tree
+        self._change(tree, tree.remove, rec.seq, rec.weight)
+        if rec.in_global:
+            self._change(self._global, self._global.remove, rec.seq, rec.weight)
+
+    def _reweight(self, rec: ResponseRecord, weight: int) -> None:
+        dweight = weight - rec.weight
+        self._prompts[rec.key].tree.reweight(rec.seq, dweight)
+        if rec.in_global:
+            self._global.reweight(rec.seq, dweight)
+        rec.weight = weight
 
     def _to_global(self, rec: ResponseRecord) -> None:
         if self.config.use_global and not rec.in_global and rec.alive:
             rec.in_global = True
-            self._update(self._global, rec.seq, 1, rec.weight)
+            self._change(self._global, self._global.insert, rec.seq, rec.weight)
 
     def history_bytes(self) -> int:
         """Estimated bytes of the evictable history (prompt and global tries, records); O(1)."""
@@ -61,7 +77,7 @@ class HistoryUpkeep:
         rec = ResponseRecord(ph.key, epoch, sample, seq, len(response), reward, 1.0)
         rec.weight = W.response_weight(1.0, epoch, self.epoch_origin, self.config.epoch_decay)
         rec.request_id = request_id
-        self._apply(rec, 1, rec.weight)
+        self._store(rec)
         if epoch < self.epoch or self.config.global_same_epoch:
             self._to_global(rec)
         else:
@@ -96,8 +112,7 @@ class HistoryUpkeep:
                 rec.factor = W.reward_factor(adv[i], self.reward_coef, cfg.advantage_clip)
                 new = W.response_weight(rec.factor, rec.epoch, self.epoch_origin, cfg.epoch_decay)
                 if new != rec.weight:
-                    self._apply(rec, 0, new - rec.weight)
-                    rec.weight = new
+                    self._reweight(rec, new)
         self._dirty_closed.clear()
 
     def _refit_reward(self) -> None:
@@ -127,11 +142,11 @@ class HistoryUpkeep:
         for rec in self.records():
             rec.weight = W.response_weight(rec.factor, rec.epoch, self.epoch_origin,
                                            self.config.epoch_decay)
-            self._apply(rec, 1, rec.weight)
+            self._store(rec)
 
     def _evict_epoch(self, ph: PromptHistory, epoch: int) -> None:
         for rec in ph.records.pop(epoch, []):
-            self._apply(rec, -1, -rec.weight)
+            self._unstore(rec)
             rec.alive = False
             self._num_records -= 1
             self._num_tokens -= len(rec.seq)
@@ -139,6 +154,42 @@ class HistoryUpkeep:
                 self._finished.pop(rec.request_id, None)
         self._dirty_open.discard((ph.key, epoch))
         self._dirty_closed.discard((ph.key, epoch))
+
+    def _import_responses(self, key: str, tail, responses, replace: bool) -> int:
+        """Add checked responses (`transfer.ImportedResponse`) to prompt `key`; a held
+        (epoch, sample) is skipped, or replaced when `replace`; epochs outside the kept history
+        window are skipped. Returns how many were added."""
+        ph = self._touch(key, tail)
+        added = 0
+        for r in responses:
+            if self._too_old(r.epoch):
+                continue
+            held = ph.find(r.epoch, r.sample)
+            if held is not None:
+                if not replace:
+                    continue
+                self._remove_record(ph, held)
+            rid = None if r.request_id in self._finished else r.request_id  # ids stay unique
+            self._add_record(ph, r.response, r.epoch, r.sample, r.reward, rid)
+            added += 1
+        self._drop_if_empty(ph)
+        self._enforce_budget()
+        return added
+
+    def _remove_record(self, ph: PromptHistory, rec: ResponseRecord) -> None:
+        self._unstore(rec)
+        if not rec.in_global:
+            self._pending_global = [r for r in self._pending_global if r is not rec]
+        rec.alive = False
+        group = ph.records[rec.epoch]
+        group.remove(rec)
+        if not group:
+            del ph.records[rec.epoch]
+        self._num_records -= 1
+        self._num_tokens -= len(rec.seq)
+        if rec.request_id is not None:
+            self._finished.pop(rec.request_id, None)
+        self._mark_dirty(ph.key, rec.epoch)
 
     def _drop_if_empty(self, ph: PromptHistory) -> None:
         if not ph.records and ph.num_active == 0:

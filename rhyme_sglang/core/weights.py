@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional
 
 WEIGHT_SCALE = 256          # fixed-point unit of one neutral, newest-epoch response
 MAX_RECENCY_FACTOR = 2 ** 20  # rebase the epoch origin before recency factors grow past this
@@ -48,7 +48,3 @@ def response_weight(factor: float, epoch: int, epoch_origin: int, decay: float) 
 
 def needs_rebase(epoch: int, epoch_origin: int, decay: float) -> bool:
     return decay < 1.0 and decay ** (-(epoch - epoch_origin)) > MAX_RECENCY_FACTOR
-
-
-def mean_or(values: Sequence[float], default: float) -> float:
-    return sum(values) / len(values) if values else default

@@ -124,7 +124,7 @@ def test_sibling_rewards_weight_the_open_epoch(backend, rule):
 def test_prefer_ranks_the_preferred_path_first_and_changes_nothing_else():
     t = PySuffixTrie(8)
     for seq, w in (([1, 2, 3, 4], 10), ([1, 2, 5, 6], 3), ([1, 2, 5, 7], 2)):
-        t.update(seq, 0, 1, w)
+        t.insert(seq, w)
     args = ([1, 2], 4, 3, 0.0, 1)
     assert t.draft(*args)[0] == [3, 4]
     toks, parents, probs, _, _ = t.draft(*args, prefer=[5, 7])

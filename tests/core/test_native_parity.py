@@ -31,11 +31,11 @@ def test_trie_and_mix_parity(ops, depth, ctx, pattern, budget, min_prob, branch,
     for which, remove, seq, w in ops:
         if remove and stored[which]:
             s, ws = stored[which].pop()
-            py_t[which].update(s, 0, -1, -ws)
-            na_t[which].update(s, 0, -1, -ws)
+            py_t[which].remove(s, ws)
+            na_t[which].remove(s, ws)
         else:
-            py_t[which].update(seq, 0, 1, w)
-            na_t[which].update(seq, 0, 1, w)
+            py_t[which].insert(seq, w)
+            na_t[which].insert(seq, w)
             stored[which].append((seq, w))
     for a, b in zip(py_t, na_t):
         assert a.num_nodes == b.num_nodes
@@ -77,34 +77,39 @@ def test_path_compressed_trie_matches_the_reference_through_a_lifecycle(ops, dep
     everything frees every record and token block."""
     nat = native_module()
     ref, trie, stored = PySuffixTrie(depth), nat.SuffixTrie(depth), []
-    for n_op, (op, seq, w, pick) in enumerate(ops):
+    for op, seq, w, pick in ops:
         if op == "insert" or not stored:
-            stream = n_op if pick % 3 else -1
-            ref.update(seq, 0, 1, w, stream)
-            trie.update(seq, 0, 1, w, stream)
-            stored.append((seq, w, stream))
+            if pick % 3:  # a growing stream: each trie hands out its own handle
+                handles = (ref.open_stream(seq, w), trie.open_stream(seq, w))
+            else:
+                ref.insert(seq, w)
+                trie.insert(seq, w)
+                handles = None
+            stored.append((seq, w, handles))
             continue
         k = pick % len(stored)
-        old, ow, stream = stored[k]
+        old, ow, handles = stored[k]
         if op == "extend":
             new = old + (seq or [0])
-            ref.update(new, len(old), 1, ow, stream)
-            trie.update(new, len(old), 1, ow, stream)
-            stored[k] = (new, ow, stream)
+            ref.extend(new, len(old), ow, handles[0] if handles else -1)
+            trie.extend(new, len(old), ow, handles[1] if handles else -1)
+            stored[k] = (new, ow, handles)
         elif op == "reweight":
             dw = w if pick % 2 or ow <= w else -w
-            ref.update(old, 0, 0, dw)
-            trie.update(old, 0, 0, dw)
-            stored[k] = (old, ow + dw, stream)
+            ref.reweight(old, dw)
+            trie.reweight(old, dw)
+            stored[k] = (old, ow + dw, handles)
         elif op == "close":
-            trie.close_stream(stream)
-            ref.close_stream(stream)
-            stored[k] = (old, ow, -1)
+            if handles:
+                ref.close_stream(handles[0])
+                trie.close_stream(handles[1])
+            stored[k] = (old, ow, None)
         else:
-            ref.update(old, 0, -1, -ow)
-            trie.update(old, 0, -1, -ow)
-            trie.close_stream(stream)
-            ref.close_stream(stream)
+            ref.remove(old, ow)
+            trie.remove(old, ow)
+            if handles:
+                ref.close_stream(handles[0])
+                trie.close_stream(handles[1])
             stored.pop(k)
         assert trie.check_integrity()
         assert trie.num_nodes == ref.num_nodes and trie.num_streams == ref.num_streams
@@ -114,10 +119,11 @@ def test_path_compressed_trie_matches_the_reference_through_a_lifecycle(ops, dep
         args = (ctx, 4, 8, 0.0, 3, 1.0, 0.7)
         assert tuple(trie.draft(*args)) == tuple(ref.draft(*args))
     base = nat.SuffixTrie(depth).estimate_memory()
-    for seq, w, stream in stored:
-        trie.update(seq, 0, -1, -w)
-        trie.close_stream(stream)
-        ref.close_stream(stream)
+    for seq, w, handles in stored:
+        trie.remove(seq, w)
+        if handles:
+            ref.close_stream(handles[0])
+            trie.close_stream(handles[1])
     assert trie.num_streams == ref.num_streams == 0
     assert trie.num_nodes == 0 and trie.num_explicit == 0 and trie.check_integrity()
     assert trie.estimate_memory() - base < 32 * (len(ops) + 1)  # only the emptied block slots
@@ -132,12 +138,14 @@ def test_growing_stream_is_as_compact_as_a_whole_insert(step):
     seq = list(range(100, 400))
     whole, streamed, plain, ref = (nat.SuffixTrie(24), nat.SuffixTrie(24), nat.SuffixTrie(24),
                                    PySuffixTrie(24))
-    whole.update(seq, 0, 1, 5)
-    ref.update(seq, 0, 1, 5)
-    for lo in range(0, len(seq), step):
+    whole.insert(seq, 5)
+    ref.insert(seq, 5)
+    stream = streamed.open_stream(seq[:step], 5)
+    plain.insert(seq[:step], 5)
+    for lo in range(step, len(seq), step):
         part = seq[:lo + step]
-        streamed.update(part, lo, 1, 5, 7)
-        plain.update(part, lo, 1, 5)
+        streamed.extend(part, lo, 5, stream)
+        plain.extend(part, lo, 5)
     assert streamed.num_nodes == plain.num_nodes == whole.num_nodes == ref.num_nodes
     assert streamed.num_explicit == whole.num_explicit == len(seq)
     assert plain.num_explicit > 10 * len(seq)
@@ -145,8 +153,8 @@ def test_growing_stream_is_as_compact_as_a_whole_insert(step):
     for probe in ([100], seq[:5], seq[50:70], seq[-3:]):
         assert streamed.lookup(probe) == ref.lookup(probe)
         assert tuple(streamed.draft(probe, 8, 8, 0.0, 2, 1.0, 0.7)) == tuple(ref.draft(probe, 8, 8, 0.0, 2, 1.0, 0.7))
-    streamed.update(seq, 0, -1, -5)
-    streamed.close_stream(7)
+    streamed.remove(seq, 5)
+    streamed.close_stream(stream)
     assert streamed.num_nodes == 0 and streamed.num_streams == 0 and streamed.check_integrity()
 
 
@@ -155,9 +163,9 @@ def test_tails_compress_unary_chains():
     nat = native_module()
     trie, ref = nat.SuffixTrie(24), PySuffixTrie(24)
     seq = list(range(100, 300))
-    trie.update(seq, 0, 1, 1)
-    ref.update(seq, 0, 1, 1)
+    trie.insert(seq, 1)
+    ref.insert(seq, 1)
     assert trie.num_nodes == ref.num_nodes > 20 * len(seq)
     assert trie.num_explicit == len(seq)
-    trie.update(seq, 0, 1, 1)  # the same response again: counts grow, no new records
+    trie.insert(seq, 1)  # the same response again: counts grow, no new records
     assert trie.num_explicit == len(seq) and trie.lookup(seq[:5]) == (2, 2)

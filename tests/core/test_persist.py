@@ -66,3 +66,39 @@ def test_load_refuses_with_active_requests(tmp_path):
     s.start_request("r", [1])
     with pytest.raises(ValueError, match="active requests"):
         s.load(str(tmp_path / "s.rds"))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_snapshot_of_format_version_1_still_loads(backend):
+    """snapshots/store_v1.rds was written by the code before the store owned its state
+    (`to_state`) and the trie's update was split: loading it gives the store that the same
+    responses build today, record for record and draft for draft."""
+    def build():
+        s = DraftStore(StoreConfig(max_depth=8, max_pattern=4, epoch_decay=0.7), backend=backend)
+        for epoch in range(3):
+            for i in range(6):
+                s.add_response(f"p{i % 2}", [7, 8, i % 2],
+                               [(3 * i + epoch + k) % 5 for k in range(12)], epoch,
+                               reward=float(i % 3) - 1.0)
+            if epoch < 2:
+                s.advance_epoch()
+        return s
+
+    fresh = build()
+    loaded = DraftStore(backend=backend)
+    loaded.load(os.path.join(os.path.dirname(__file__), "snapshots", "store_v1.rds"))
+    assert loaded.check_integrity() and loaded.config == fresh.config
+    assert loaded.to_state() == fresh.to_state()
+    contexts = [[1, 2], [4, 0, 1], [3]]
+    assert _drafts(loaded, contexts) == _drafts(fresh, contexts)
+
+
+def test_state_round_trips_without_a_file():
+    s = DraftStore(StoreConfig(max_depth=6, max_pattern=4), backend="python")
+    s.add_response("p", [1, 2], [3, 4, 5, 3, 4], 0, reward=1.0)
+    s.add_response("p", [1, 2], [3, 4, 6], 0, reward=0.0)
+    t = DraftStore.from_state(s.to_state(), backend="python")
+    assert t.to_state() == s.to_state() and t.check_integrity()
+    bad = dict(s.to_state(), records=[dict(r, key="nobody") for r in s.to_state()["records"]])
+    with pytest.raises(ValueError, match="unknown prompts"):
+        DraftStore.from_state(bad, backend="python")

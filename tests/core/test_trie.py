@@ -19,9 +19,9 @@ def test_random_inserts_and_removals_keep_integrity(backend, ops, depth, ctx):
     for remove, seq, w in ops:
         if remove and stored:
             s, ws = stored.pop(0)
-            trie.update(s, 0, -1, -ws)
+            trie.remove(s, ws)
         else:
-            trie.update(seq, 0, 1, w)
+            trie.insert(seq, w)
             stored.append((seq, w))
         assert trie.check_integrity()
     if not stored:
@@ -41,10 +41,10 @@ def test_random_inserts_and_removals_keep_integrity(backend, ops, depth, ctx):
 @settings(max_examples=50, deadline=None)
 def test_incremental_extension_equals_whole_insert(seq, cut):
     a, b = PySuffixTrie(5), PySuffixTrie(5)
-    a.update(seq, 0, 1, 3)
+    a.insert(seq, 3)
     cut = min(cut, len(seq))
-    b.update(seq[:cut], 0, 1, 3)
-    b.update(seq, cut, 1, 3)
+    b.insert(seq[:cut], 3)
+    b.extend(seq, cut, 3)
     for i in range(len(seq)):
         for j in range(i + 1, min(len(seq), i + 5) + 1):
             assert a.lookup(seq[i:j]) == b.lookup(seq[i:j])
@@ -53,19 +53,19 @@ def test_incremental_extension_equals_whole_insert(seq, cut):
 
 def test_counts_and_weights_are_occurrence_sums():
     t = PySuffixTrie(4)
-    t.update([1, 2, 1, 2], 0, 1, 10)
-    t.update([1, 2, 3], 0, 1, 5)
+    t.insert([1, 2, 1, 2], 10)
+    t.insert([1, 2, 3], 5)
     assert t.lookup([1, 2]) == (3, 25)
     assert t.lookup([2, 3]) == (1, 5)
     assert t.lookup([9]) == (0, 0)
-    t.update([1, 2, 3], 0, -1, -5)
+    t.remove([1, 2, 3], 5)
     assert t.lookup([2, 3]) == (0, 0) and t.check_integrity()
 
 
 def test_draft_prefers_heavier_branch_and_reports_match():
     t = PySuffixTrie(8)
-    t.update([7, 1, 2, 3], 0, 1, 1)
-    t.update([7, 1, 4, 5], 0, 1, 3)
+    t.insert([7, 1, 2, 3], 1)
+    t.insert([7, 1, 4, 5], 3)
     toks, parents, probs, _, mlen = t.draft([0, 7, 1], 4, 1, 0.0, 4, 0.0)
     assert toks == [4] and parents == [-1] and mlen == 2 and probs == [0.75]
 
@@ -73,15 +73,15 @@ def test_draft_prefers_heavier_branch_and_reports_match():
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_removing_unknown_sequence_raises(backend):
     t = make_trie(4, backend)
-    t.update([1, 2], 0, 1, 1)
+    t.insert([1, 2], 1)
     with pytest.raises(ValueError):
-        t.update([3, 4], 0, -1, -1)
+        t.remove([3, 4], 1)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_prior_decay_trusts_one_occurrence_more_after_a_longer_context(backend):
     t = make_trie(8, backend)
-    t.update([5, 6, 7, 8, 9], 0, 1, 1)
+    t.insert([5, 6, 7, 8, 9], 1)
     # Context [7] matches 1 token, [5, 6, 7] matches 3; the single continuation (8) gets
     # conf = 1 / (1 + prior * decay**L) with L = tokens the matched node spells.
     _, _, short, _, m1 = t.draft([7], 4, 1, 0.0, 4, 2.0, 0.5)

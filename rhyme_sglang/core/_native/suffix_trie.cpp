@@ -11,7 +11,6 @@
 #include <queue>
 #include <stdexcept>
 #include <tuple>
-#include <unordered_map>
 #include <vector>
 
 namespace py = pybind11;
@@ -105,152 +104,108 @@ class SuffixTrie {
     block_refs_.clear();
     free_blocks_.clear();
     block_tokens_ = 0;
-    streams_.clear();
+    streaming_.clear();
+    num_streams_ = 0;
   }
 
-  // Add (dcount, dweight) to every substring seq[i:j+1] with j >= lo and j - i < max_depth (see
-  // the Python twin). New continuations become tails over a block holding seq[lo:].
+  // ---- changing the stored multiset: insert, extend, reweight, remove (one function each)
   //
-  // `stream` >= 0 names a sequence that grows by repeated calls (an in-flight response: each call
-  // passes the whole sequence so far and lo = its previous length, with the same dcount and
-  // dweight). Its tokens then go to one growing block, and a tail that ends at the stream's end
-  // and carries exactly this stream's occurrence is lengthened in place instead of being turned
-  // into explicit nodes, so a growing sequence is as compact as one inserted whole. Close the
-  // stream (`close_stream`) when the sequence stops growing; the logical content is the same with
-  // or without a stream.
-  void update(const py::handle& seq_obj, int64_t lo, int64_t dcount, int64_t dweight,
-              int64_t stream) {
+  // Every stored occurrence of a sequence adds count 1 and its integer weight to each of its
+  // substrings of length <= max_depth. New continuations become tails over a block of tokens.
+
+  // Store one more occurrence of `seq` with `weight` (> 0).
+  void insert(const py::handle& seq_obj, int64_t weight) {
     Tokens seq(seq_obj);
+    check_weight(weight);
+    add(seq, 0, weight, NIL);
+  }
+
+  // `seq[:lo]` is stored with `weight`; store the rest: the substrings ending at `lo` or later
+  // (a response that grew). With `stream` (a handle from `open_stream` whose block holds exactly
+  // `seq[:lo]`) the new tokens join the stream's block, and a tail that ends where the stream
+  // ended and carries only its occurrence is lengthened in place instead of being turned into
+  // explicit nodes, so a growing sequence is as compact as one inserted whole. The logical
+  // content is the same with or without a stream.
+  void extend(const py::handle& seq_obj, int64_t lo, int64_t weight, int64_t stream) {
+    Tokens seq(seq_obj);
+    check_weight(weight);
     const int64_t n = static_cast<int64_t>(seq.size);
-    int32_t block = NIL;  // the block tails of this call point into, holding seq[base:]
-    int64_t base = lo;
-    // The call holds its own reference to `block`, so that a tail moved or dropped by a later
-    // suffix of the same call cannot free it while other suffixes still attach to it.
-    struct Hold {
-      SuffixTrie* trie;
-      int32_t* block;
-      ~Hold() {
-        if (*block != NIL) trie->release_block(*block);
-      }
-    } hold{this, &block};
-    const Stream* st = nullptr;
-    if (stream >= 0 && dcount > 0 && lo <= n) {
-      st = open_stream(stream, seq, lo, dcount, dweight);
-      block = st->block;
-      base = st->base;
-      ++block_refs_[block];
+    if (lo < 0 || lo > n)
+      throw std::invalid_argument("lo must be in [0, len(seq)], got " + std::to_string(lo));
+    int32_t block = NIL;
+    if (stream != NIL) {
+      block = open_block(stream);
+      std::vector<int32_t>& b = blocks_[block];
+      if (static_cast<int64_t>(b.size()) != lo || (lo > 0 && b.back() != seq.data[lo - 1]))
+        throw std::invalid_argument("stream " + std::to_string(stream) + " holds " +
+                                    std::to_string(b.size()) + " tokens, not seq[:lo] with lo=" +
+                                    std::to_string(lo));
+      b.insert(b.end(), seq.data + lo, seq.data + n);
+      block_tokens_ += n - lo;
     }
-    for (int64_t i = std::max<int64_t>(0, lo - depth_ + 1); i < n; ++i) {
-      Pos p{0, 0};
-      const int64_t end = std::min<int64_t>(n, i + depth_);
-      for (int64_t j = i; j < end; ++j) {
-        const int32_t tok = seq.data[j];
-        if (j < lo) {
-          if (!step(p, tok)) throw missing(tok, j);
-          continue;
-        }
-        if (p.off > 0) {
-          Node& x = nodes_[p.node];
-          if (st != nullptr && j == lo && p.off == x.tail_len && x.tail_block == block &&
-              base + x.tail_pos + x.tail_len == lo && x.tail_count == dcount &&
-              x.tail_weight == dweight) {
-            // this stream's own occurrence, ending where the stream ended: lengthen the tail
-            const int32_t add = static_cast<int32_t>(end - lo);
-            x.tail_len += add;
-            implicit_ += add;
-            break;
-          }
-          p = explicitize(p);
-        }
-        Node& nd = nodes_[p.node];
-        if (dcount > 0) {
-          int32_t child;
-          bool fresh = false;
-          if (nd.tail_block != NIL) {
-            if (end - j == nd.tail_len && tail_matches(nd, seq.data + j)) {
-              nd.tail_count += static_cast<int32_t>(dcount);  // the same continuation again
-              nd.tail_weight += dweight;
-              break;
-            }
-            const bool same = blocks_[nd.tail_block][nd.tail_pos] == tok;
-            child = materialize(p.node);
-            if (!same) {
-              child = create(p.node, tok);
-              fresh = true;
-            }
-          } else if (nd.first_child == NIL && p.node != 0) {
-            // a leaf: everything from here on is new and continues only this occurrence
-            if (block == NIL) {
-              block = new_block(seq.data + lo, n - lo);
-              ++block_refs_[block];
-            }
-            attach_tail(p.node, block, static_cast<int32_t>(j - base), static_cast<int32_t>(end - j),
-                        static_cast<int32_t>(dcount), dweight);
-            break;
-          } else {
-            child = find(p.node, tok);
-            if (child == NIL) {
-              child = create(p.node, tok);
-              fresh = true;
-            }
-          }
-          Node& c = nodes_[child];
-          c.count += static_cast<int32_t>(dcount);
-          c.weight += dweight;
-          if (fresh && j + 1 < end) {  // the rest of this occurrence is a tail
-            if (block == NIL) {
-              block = new_block(seq.data + lo, n - lo);
-              ++block_refs_[block];
-            }
-            attach_tail(child, block, static_cast<int32_t>(j + 1 - base),
-                        static_cast<int32_t>(end - j - 1), static_cast<int32_t>(dcount), dweight);
-            break;
-          }
-          p = Pos{child, 0};
-          continue;
-        }
-        // dcount <= 0: re-weight or remove a stored occurrence
-        if (nd.tail_block != NIL) {
-          // Every occurrence continuing through the tail continues to its end, so a stored one
-          // spells all of it.
-          if (blocks_[nd.tail_block][nd.tail_pos] != tok) throw missing(tok, j);
-          if (end - j != nd.tail_len || !tail_matches(nd, seq.data + j))
-            throw std::invalid_argument("removal does not match a stored sequence");
-          nd.tail_count += static_cast<int32_t>(dcount);
-          nd.tail_weight += dweight;
-          if (nd.tail_count <= 0) {
-            if (nd.tail_count < 0 || nd.tail_weight != 0)
-              throw std::invalid_argument("removal does not match a stored sequence");
-            drop_tail(p.node);
-          }
-          break;
-        }
-        const int32_t child = find(p.node, tok);
-        if (child == NIL) throw missing(tok, j);
-        Node& c = nodes_[child];
-        c.count += static_cast<int32_t>(dcount);
-        c.weight += dweight;
-        if (c.count <= 0) {
-          if (c.count < 0 || c.weight != 0)
-            throw std::invalid_argument("removal does not match a stored sequence");
-          remove_subtree(child);
-          break;
-        }
-        p = Pos{child, 0};
-      }
-    }
+    add(seq, lo, weight, block);
   }
 
-  // Stop treating `stream` as growing (its sequence stays stored); unknown ids are ignored.
+  // Insert `seq` with `weight` as a sequence that will grow: its tokens go to a block of their
+  // own that `extend(..., stream=handle)` appends to. Returns the handle; the caller owns it and
+  // gives it back with `close_stream` when the sequence stops growing.
+  int64_t open_stream(const py::handle& seq_obj, int64_t weight) {
+    Tokens seq(seq_obj);
+    check_weight(weight);
+    const int32_t block = new_block(seq.data, static_cast<int64_t>(seq.size));
+    ++block_refs_[block];  // the stream's reference
+    streaming_[block] = 1;
+    ++num_streams_;
+    add(seq, 0, weight, block);
+    return block;
+  }
+
+  // The sequence of `stream` stops growing (it stays stored); the handle becomes invalid.
   void close_stream(int64_t stream) {
-    auto it = streams_.find(stream);
-    if (it == streams_.end()) return;
-    const int32_t b = it->second.block;
-    streams_.erase(it);
-    release_block(b);
+    const int32_t block = open_block(stream);
+    streaming_[block] = 0;
+    --num_streams_;
+    release_block(block);
   }
 
-  int64_t num_streams() const { return static_cast<int64_t>(streams_.size()); }
+  int64_t num_streams() const { return num_streams_; }
+
+  // Add `dweight` to the weight of a stored occurrence of `seq` (its count is unchanged).
+  void reweight(const py::handle& seq_obj, int64_t dweight) {
+    Tokens seq(seq_obj);
+    walk_stored(
+        seq,
+        [&](int32_t c) {
+          nodes_[c].weight += dweight;
+          return true;
+        },
+        [&](int32_t node) { nodes_[node].tail_weight += dweight; });
+  }
+
+  // Remove a stored occurrence of `seq` with `weight`; nodes no occurrence reaches any more go.
+  void remove(const py::handle& seq_obj, int64_t weight) {
+    Tokens seq(seq_obj);
+    check_weight(weight);
+    walk_stored(
+        seq,
+        [&](int32_t c) {
+          Node& x = nodes_[c];
+          x.count -= 1;
+          x.weight -= weight;
+          if (x.count > 0) return true;
+          if (x.weight != 0) throw mismatch();
+          remove_subtree(c);
+          return false;
+        },
+        [&](int32_t node) {
+          Node& x = nodes_[node];
+          x.tail_count -= 1;
+          x.tail_weight -= weight;
+          if (x.tail_count > 0) return;
+          if (x.tail_weight != 0) throw mismatch();
+          drop_tail(node);
+        });
+  }
 
   std::pair<int64_t, int64_t> lookup(const py::handle& path_obj) const {
     Tokens path(path_obj);
@@ -383,13 +338,13 @@ class SuffixTrie {
       }
       if (node != 0 && (csum > nd.count || wsum > nd.weight)) return false;
     }
-    for (const auto& kv : streams_) {
-      const Stream& st = kv.second;
-      if (st.block < 0 || st.block >= static_cast<int32_t>(blocks_.size()) ||
-          static_cast<int64_t>(blocks_[st.block].size()) != st.end - st.base)
-        return false;
-      ++refs[st.block];
-    }
+    int64_t streams = 0;
+    for (size_t b = 0; b < blocks_.size(); ++b)
+      if (streaming_[b]) {
+        ++refs[b];
+        ++streams;
+      }
+    if (streams != num_streams_) return false;
     for (size_t b = 0; b < blocks_.size(); ++b)
       if (refs[b] != block_refs_[b]) return false;
     return live == explicit_ && implicit == implicit_ && static_cast<int64_t>(used_) == explicit_;
@@ -409,33 +364,143 @@ class SuffixTrie {
     }
   };
 
-  struct Stream {
-    int32_t block;   // holds seq[base:end] of the stream's sequence; the stream owns one reference
-    int64_t base, end;
-    int64_t dcount, dweight;
+  static void check_weight(int64_t weight) {
+    if (weight <= 0) throw std::invalid_argument("weight must be > 0, got " + std::to_string(weight));
+  }
+
+  static std::invalid_argument mismatch() {
+    return std::invalid_argument("removal does not match a stored sequence");
+  }
+
+  // The block of an open stream; ValueError for anything else.
+  int32_t open_block(int64_t stream) const {
+    if (stream < 0 || stream >= static_cast<int64_t>(streaming_.size()) || !streaming_[stream])
+      throw std::invalid_argument("no open stream " + std::to_string(stream));
+    return static_cast<int32_t>(stream);
+  }
+
+  // Add one occurrence of the substrings seq[i:j+1] with j >= lo, given that seq[:lo] is stored.
+  // Tails point into `block` (holding all of seq when given, else created on first use holding
+  // seq[lo:]); the call holds its own reference to it, so that a tail moved or dropped by a later
+  // suffix cannot free it while other suffixes still attach to it.
+  void add(const Tokens& seq, int64_t lo, int64_t weight, int32_t block) {
+    const int64_t n = static_cast<int64_t>(seq.size);
+    const bool growing = block != NIL;
+    Occurrence occ{this, seq, lo, weight, block, growing ? 0 : lo};
+    if (growing) ++block_refs_[block];
+    for (int64_t i = std::max<int64_t>(0, lo - depth_ + 1); i < n; ++i) {
+      const int64_t end = std::min<int64_t>(n, i + depth_);
+      Pos p{0, 0};
+      int64_t j = i;
+      for (; j < lo; ++j)  // the part already stored
+        if (!step(p, seq.data[j])) throw missing(seq.data[j], j);
+      if (j >= end) continue;
+      if (p.off > 0) {
+        Node& x = nodes_[p.node];
+        if (growing && p.off == x.tail_len && x.tail_block == block &&
+            x.tail_pos + x.tail_len == lo && x.tail_count == 1 && x.tail_weight == weight) {
+          // the stream's own occurrence, ending where the stream ended: lengthen the tail
+          const int32_t more = static_cast<int32_t>(end - lo);
+          x.tail_len += more;
+          implicit_ += more;
+          continue;
+        }
+        p = explicitize(p);
+      }
+      add_below(p.node, j, end, occ);
+    }
+  }
+
+  // The occurrence an `add` call stores, and the block its new tails point into.
+  struct Occurrence {
+    SuffixTrie* trie;
+    const Tokens& seq;
+    int64_t lo, weight;
+    int32_t block;  // holds seq[base:]; NIL until the first tail needs it
+    int64_t base;
+    ~Occurrence() {
+      if (block != NIL) trie->release_block(block);
+    }
+    int32_t tail_block() {
+      if (block == NIL) {
+        block = trie->new_block(seq.data + lo, static_cast<int64_t>(seq.size) - lo);
+        ++trie->block_refs_[block];
+      }
+      return block;
+    }
   };
 
-  // The stream's record, its block extended by seq[lo:]. A stream that does not continue where it
-  // ended (another lo, dcount or weight, or another sequence) restarts with a new block.
-  const Stream* open_stream(int64_t id, const Tokens& seq, int64_t lo, int64_t dcount,
-                            int64_t dweight) {
-    const int64_t n = static_cast<int64_t>(seq.size);
-    auto it = streams_.find(id);
-    if (it != streams_.end()) {
-      Stream& s = it->second;
-      std::vector<int32_t>& b = blocks_[s.block];
-      if (s.end == lo && s.dcount == dcount && s.dweight == dweight &&
-          (b.empty() || (lo > 0 && b.back() == seq.data[lo - 1]))) {
-        b.insert(b.end(), seq.data + lo, seq.data + n);
-        block_tokens_ += n - lo;
-        s.end = n;
-        return &s;
+  // Add the occurrence's seq[j:end] below explicit node `node`, which spells seq[i:j].
+  void add_below(int32_t node, int64_t j, int64_t end, Occurrence& occ) {
+    const int32_t* toks = occ.seq.data;
+    for (; j < end; ++j) {
+      const int32_t tok = toks[j];
+      Node& nd = nodes_[node];
+      int32_t child;
+      bool fresh = false;
+      if (nd.tail_block != NIL) {
+        if (end - j == nd.tail_len && tail_matches(nd, toks + j)) {
+          nd.tail_count += 1;  // the same continuation again
+          nd.tail_weight += occ.weight;
+          return;
+        }
+        const bool same = blocks_[nd.tail_block][nd.tail_pos] == tok;
+        child = materialize(node);
+        if (!same) {
+          child = create(node, tok);
+          fresh = true;
+        }
+      } else if (nd.first_child == NIL && node != 0) {
+        // a leaf: everything from here on is new and continues only this occurrence
+        const int32_t block = occ.tail_block();
+        attach_tail(node, block, static_cast<int32_t>(j - occ.base), static_cast<int32_t>(end - j),
+                    1, occ.weight);
+        return;
+      } else {
+        child = find(node, tok);
+        if (child == NIL) {
+          child = create(node, tok);
+          fresh = true;
+        }
       }
-      close_stream(id);
+      Node& c = nodes_[child];
+      c.count += 1;
+      c.weight += occ.weight;
+      if (fresh && j + 1 < end) {  // the rest of this occurrence is a tail
+        const int32_t block = occ.tail_block();
+        attach_tail(child, block, static_cast<int32_t>(j + 1 - occ.base),
+                    static_cast<int32_t>(end - j - 1), 1, occ.weight);
+        return;
+      }
+      node = child;
     }
-    const int32_t block = new_block(seq.data + lo, n - lo);
-    ++block_refs_[block];
-    return &(streams_[id] = Stream{block, lo, n, dcount, dweight});
+  }
+
+  // Visit the stored occurrence of every substring seq[i:j+1] (j - i < max_depth) once, from the
+  // root: `on_node(child)` for each explicit node (false ends this suffix's walk, e.g. the node
+  // was removed), `on_tail(node)` once where the walk reaches a tail (the occurrence spells it to
+  // its end). Throws when seq is not stored.
+  template <class OnNode, class OnTail>
+  void walk_stored(const Tokens& seq, OnNode on_node, OnTail on_tail) {
+    const int64_t n = static_cast<int64_t>(seq.size);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t end = std::min<int64_t>(n, i + depth_);
+      int32_t node = 0;
+      for (int64_t j = i; j < end; ++j) {
+        const int32_t tok = seq.data[j];
+        const Node& nd = nodes_[node];
+        if (nd.tail_block != NIL) {
+          if (blocks_[nd.tail_block][nd.tail_pos] != tok) throw missing(tok, j);
+          if (end - j != nd.tail_len || !tail_matches(nd, seq.data + j)) throw mismatch();
+          on_tail(node);
+          break;
+        }
+        const int32_t child = find(node, tok);
+        if (child == NIL) throw missing(tok, j);
+        if (!on_node(child)) break;
+        node = child;
+      }
+    }
   }
 
   static std::invalid_argument missing(int32_t tok, int64_t j) {
@@ -558,6 +623,7 @@ class SuffixTrie {
       id = static_cast<int32_t>(blocks_.size());
       blocks_.emplace_back();
       block_refs_.push_back(0);
+      streaming_.push_back(0);
     }
     blocks_[id].assign(data, data + len);
     block_tokens_ += len;
@@ -679,7 +745,8 @@ class SuffixTrie {
   std::vector<int64_t> block_refs_;
   std::vector<int32_t> free_blocks_;
   int64_t block_tokens_ = 0;
-  std::unordered_map<int64_t, Stream> streams_;
+  std::vector<uint8_t> streaming_;  // per block: it is an open stream's (see open_stream)
+  int64_t num_streams_ = 0;
 };
 
 // Twin of combine.mix_draft_py: each trie drafts 2*budget nodes (min_prob 0); path probabilities
@@ -786,8 +853,12 @@ PYBIND11_MODULE(_rhyme_native, m) {
       .def_property_readonly("num_nodes", &SuffixTrie::num_nodes)
       .def_property_readonly("num_explicit", &SuffixTrie::num_explicit)
       .def("clear", &SuffixTrie::clear)
-      .def("update", &SuffixTrie::update, py::arg("seq"), py::arg("lo"), py::arg("dcount"),
-           py::arg("dweight"), py::arg("stream") = -1)
+      .def("insert", &SuffixTrie::insert, py::arg("seq"), py::arg("weight"))
+      .def("extend", &SuffixTrie::extend, py::arg("seq"), py::arg("lo"), py::arg("weight"),
+           py::arg("stream") = -1)
+      .def("reweight", &SuffixTrie::reweight, py::arg("seq"), py::arg("dweight"))
+      .def("remove", &SuffixTrie::remove, py::arg("seq"), py::arg("weight"))
+      .def("open_stream", &SuffixTrie::open_stream, py::arg("seq"), py::arg("weight"))
       .def("close_stream", &SuffixTrie::close_stream, py::arg("stream"))
       .def_property_readonly("num_streams", &SuffixTrie::num_streams)
       .def("lookup", &SuffixTrie::lookup, py::arg("path"))
