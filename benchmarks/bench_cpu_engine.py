@@ -31,12 +31,12 @@ Then fp32's tok/s and plain steps against bf16's, and auto's tok/s against the f
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import json
 import os
 import time
 from pathlib import Path
 
+from benchmarks.common import timed_round as _round
 from benchmarks.common import write_json
 
 PLAIN_BATCHES = (1, 2, 4, 8, 16, 32)
@@ -77,23 +77,6 @@ def hf_throughput(model_path: str, dtype: str, prompts, batches, new_tokens: int
 
 
 # ---- servers ---------------------------------------------------------------------------------
-def _round(url: str, prompts, tokens: int, temperature: float = 0.0) -> tuple[float, int]:
-    from rhyme_sglang.server_process import post
-
-    def one(p):
-        return post(url + "/generate", {"input_ids": p, "sampling_params": {
-            "temperature": temperature, "max_new_tokens": tokens, "ignore_eos": True}}, timeout=900)
-
-    start = time.perf_counter()
-    with cf.ThreadPoolExecutor(len(prompts)) as pool:
-        results = list(pool.map(one, prompts))
-    elapsed = time.perf_counter() - start
-    bad = [r for r in results if r[0] != 200]
-    if bad:
-        raise RuntimeError(f"generate failed: {bad[0]}")
-    return elapsed, sum(len(r[1]["output_ids"]) for r in results)
-
-
 def vanilla_server(model_path: str, dtype: str, prompts, new_tokens: int) -> dict:
     """tok/s at THROUGHPUT_BATCHES and seconds per plain decode step at PLAIN_BATCHES."""
     from rhyme_sglang.server_process import ServerProcess
@@ -369,9 +352,10 @@ def main(argv=None) -> int:
         os.environ["RHYME_CPU_THREADS"] = str(int(args.threads))
     if args.kernel_threads != "auto":
         os.environ["RHYME_KERNEL_THREADS"] = str(int(args.kernel_threads))
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from rhyme_sglang import settings
+
+    settings.prepare_cpu_env()
+    settings.reload()  # the thread switches just set
 
     import torch
     from transformers import AutoConfig

@@ -13,7 +13,7 @@ import logging
 import statistics
 from pathlib import Path
 
-from benchmarks.bench_rollout import MODES, build_prompts, timed_pairs
+from benchmarks.rollout_requests import MODES, build_prompts, timed_pairs
 
 logger = logging.getLogger("benchmarks.bench_rollout")
 

@@ -7,8 +7,8 @@ One run, one machine, one policy trajectory for every mode:
    ``--model`` base with ``WarmStartConfig(task=--task)``: the cached folder, else built once,
    about 8 minutes on 2 cores) and the prompts are ``--prompts`` (one total count) of that
    preset's items, sizes from its long-tailed mix (``rl_driver.tasks.preset_prompts``), so the
-   responses are the task's procedure and mostly stop on their own. ``base``: the workload of
-   runs before issue 48, kept so their results stay reproducible: the base model on the
+   responses are the task's procedure and mostly stop on their own. ``base``: the earlier
+   workload, kept so its results stay reproducible: the base model on the
    ``--datasets`` mix, ``--prompts`` per dataset.
 1. **Trajectory (vanilla).** The prompts, ``--group`` samples each up to ``--max-new-tokens``,
    temperature 1.0, all submitted at once as a synchronous RL step does. After every epoch one
@@ -18,10 +18,9 @@ One run, one machine, one policy trajectory for every mode:
 2. **Timed modes, interleaved.** Epochs >= ``--timed-from`` are timed again for every mode,
    vanilla included, one fresh engine per (mode, epoch), in an order that alternates: the
    modes in ``--modes`` order for the first timed epoch, reversed for the next, and so on
-   (``--repeats`` R times each epoch; ``schedule``). The machine's speed drifts (stop 44, a
-   2-core AMX Xeon: vanilla's same-token epoch 2 took 60.9, 89.0 and 80.7 s in three runs
-   within two hours) and a fixed order let the later RHYME mode win by 12-30% (runs 31 and
-   32); an alternating order gives every mode the same mean position, and vanilla is no
+   (``--repeats`` R times each epoch; ``schedule``). The machine's speed drifts (the
+   same epoch can take 50% longer an hour later), and a fixed order favours the mode that
+   runs later; an alternating order gives every mode the same mean position, and vanilla is no
    longer timed only at the start, where the trajectory times it (its timings stay in the
    report under ``"trajectory"``). Each engine gets the history of epochs < its epoch without
    generating it (outputs are distributed alike in every mode): RHYME modes import the
@@ -36,13 +35,12 @@ One run, one machine, one policy trajectory for every mode:
    draft nodes of which requests to verify (per-request widths up to 16, plain when none
    pays); ``rhyme_fixed`` verifies every request's drafts up to 8 tokens (no cost model);
    ``rhyme_batch_width`` (not in the default ``--modes``) is ``rhyme`` with one width per
-   step for the whole batch (``rhyme_ragged=False``), as runs 11-13 measured RHYME.
+   step for the whole batch (``rhyme_ragged=False``).
    **Same answers.** With ``--sampling-seeds shared`` (the default) request (epoch, prompt,
    sample) carries the same ``sampling_seed`` in every mode, and every mode draws a seeded
    request's tokens alike (speculation keeps them: ``cpu_backend/sampling.py``), so every mode
    decodes the same answers and the makespans compare the same work; at temperature 1.0 the
-   answers' lengths otherwise move a makespan more than the schedule does (runs 23-27 read
-   RHYME x0.87-1.48 vanilla). ``none``: each mode samples its own answers.
+   answers' lengths otherwise move a makespan more than the schedule does. ``none``: each mode samples its own answers.
 3. **Report.** Per mode and epoch: makespan (last finish), time to 90% finished, output tok/s,
    ``same_tokens_as_vanilla`` (the share of requests whose tokens equal the trajectory's),
    tau (tokens per decode step of a request), decode steps by kind and the scheduler's time
@@ -80,7 +78,6 @@ mean reward, length mean / median / max / tail ratio, capped, reuse vs the epoch
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import json
 import logging
@@ -91,35 +88,16 @@ import time
 from pathlib import Path
 
 from benchmarks.common import epoch_total, write_json
+from benchmarks.rollout_requests import MODES, build_prompts, timed_pairs  # noqa: F401 (re-exported)
 
 logger = logging.getLogger("benchmarks.bench_rollout")
-MODES = {
-    "vanilla": {},
-    "ngram": {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 9},
-    "rhyme": {"speculative_algorithm": "RHYME", "speculative_num_draft_tokens": 17},
-    "rhyme_fixed": {"speculative_algorithm": "RHYME", "speculative_num_draft_tokens": 9,
-                    "rhyme_adaptive": False},
-    # not in the default --modes: RHYME as runs 11-13 measured it, one verify width per step
-    # for the whole batch (each request padded to it) instead of per-request widths
-    "rhyme_batch_width": {"speculative_algorithm": "RHYME", "speculative_num_draft_tokens": 17,
-                          "rhyme_ragged": False},
-    # not in the default --modes: RHYME scoring steps by batch tokens per second, without the
-    # critical-path horizon (core/horizon.py)
-    "rhyme_no_horizon": {"speculative_algorithm": "RHYME", "speculative_num_draft_tokens": 17,
-                         "rhyme_horizon": False},
-    # not in the default --modes: RHYME with each request's own acceptance evidence on top of
-    # the shared calibration (rhyme_request_calibration; stop 45's two A/Bs: no gain)
-    "rhyme_request_calibration": {"speculative_algorithm": "RHYME",
-                                  "speculative_num_draft_tokens": 17,
-                                  "rhyme_request_calibration": True},
-}
 # --prompts by policy: one count per --datasets entry (base), one total count (warm_start)
 DEFAULT_PROMPTS = {"base": "12,4", "warm_start": "8"}
 # the small version, by --policy. base: 3 chain_sum + 1 gsm_symbolic prompt x 4 samples (the
 # long tail is the gsm group). Measured on a 2-core avx2 CPU, fp32: 24 min at 4+2 prompts and a
 # 384-token cap, 11:50 at 3+1 and 256 tokens (each epoch's makespan is its longest answer, up to
 # the cap); so 192: 11:08-11:09 with the trainer padding every response, 7:52 with packed
-# responses (stop 15).
+# responses.
 # warm_start: 3 prompts x 4 samples, the same 3 epochs and 2 repeats (11 generation epochs, 11
 # engine starts, 2 GRPO steps). running_sum's 3 prompts at seed 0 (sizes stratified over the
 # mix) have 4, 34 and 20 terms, whose worked solutions are ~50, ~440 and ~260 tokens, so the cap
@@ -190,49 +168,6 @@ def workload_block(args, folder, recipe, records) -> dict:
         d.strip() for d in args.datasets.split(","))
     return {"policy": args.policy, "task": task, "warm_start": warm,
             "trace_stats": epoch_stats(records)}
-
-
-def build_prompts(model_path: str, counts, datasets: list[str], seed: int):
-    """``counts``: prompts in total (split evenly) or a list with one count per dataset."""
-    from transformers import AutoTokenizer
-
-    from rl_driver.config import TaskConfig
-    from rl_driver.tasks import build_prompts as task_prompts
-
-    tok = AutoTokenizer.from_pretrained(model_path)
-    if isinstance(counts, int):
-        counts = [max(1, counts // len(datasets))] * len(datasets)
-    if len(counts) != len(datasets) or min(counts) < 1:
-        raise ValueError(f"need one positive prompt count per dataset {datasets}, got {counts}")
-    prompts = []
-    for name, n in zip(datasets, counts):
-        prompts += task_prompts(TaskConfig(dataset=name, num_prompts=n), tok, seed)
-    return prompts, tok
-
-
-async def timed_pairs(engine, pairs, max_new_tokens: int, exact_lengths=None,
-                      return_logprob: bool = False, seeds=None):
-    """Submit every (prompt, sample) pair at once at temperature 1.0; return per-request
-    results (ids, meta_info, latency) and the makespan. With ``exact_lengths``
-    ({(prompt_id, sample): n}) each request generates exactly n tokens; with ``seeds``
-    ({(prompt_id, sample): seed}) each request draws with that ``sampling_seed``."""
-    start = time.perf_counter()
-
-    async def one(prompt, sample):
-        params = {"temperature": 1.0, "max_new_tokens": max_new_tokens,
-                  "custom_params": {"rhyme_prompt_id": prompt.prompt_id, "rhyme_sample": sample}}
-        if seeds is not None:
-            params["sampling_seed"] = seeds[prompt.prompt_id, sample]
-        if exact_lengths is not None:
-            params.update(max_new_tokens=max(1, exact_lengths[prompt.prompt_id, sample]),
-                          ignore_eos=True)
-        out = await engine.async_generate(input_ids=prompt.token_ids, sampling_params=params,
-                                          return_logprob=return_logprob)
-        return {"prompt": prompt, "sample": sample, "ids": out["output_ids"],
-                "meta": out["meta_info"], "latency": time.perf_counter() - start}
-
-    results = await asyncio.gather(*(one(p, s) for p, s in pairs))
-    return results, time.perf_counter() - start
 
 
 def summarize(results, makespan: float) -> dict:
@@ -500,7 +435,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--policy", choices=("warm_start", "base"), default="warm_start",
                         help="warm_start: the SFT warm start of --task on --model (cached, or "
                              "built once, ~8 min on 2 cores) with --task's prompts; base: "
-                             "--model itself on the --datasets mix (runs before issue 48)")
+                             "--model itself on the --datasets mix (the earlier workload)")
     parser.add_argument("--task", choices=list(PRESETS), default="running_sum",
                         help="--policy warm_start: the rl_driver.task_presets workload")
     parser.add_argument("--quick", action="store_true",
@@ -612,7 +547,7 @@ def main(argv=None) -> int:
         longest = max(len(p.token_ids) for p in prompts)
         args.max_total_tokens = args.max_running * (longest + args.max_new_tokens)
     report["config"]["max_total_tokens"] = args.max_total_tokens
-    start = time.perf_counter()  # runs' started_s count from here, as before issue 48
+    start = time.perf_counter()  # runs' started_s count from here
     checkpoints, trace = trajectory(model_path, dtype, prompts, tok, args, report)
     wall["trajectory"] = time.perf_counter() - start
     report["workload"] = workload_block(args, model_path, recipe, _TRACES["trajectory"])

@@ -3,10 +3,31 @@
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as cf
 import json
 import os
 import statistics
+import time
 from pathlib import Path
+
+
+def timed_round(url: str, prompts, tokens: int, temperature: float = 0.0) -> tuple[float, int]:
+    """Send every prompt at once to the server at `url` (``ignore_eos``, `tokens` new tokens
+    each); returns (seconds until the last reply, output tokens)."""
+    from rhyme_sglang.server_process import post
+
+    def one(p):
+        return post(url + "/generate", {"input_ids": p, "sampling_params": {
+            "temperature": temperature, "max_new_tokens": tokens, "ignore_eos": True}}, timeout=900)
+
+    start = time.perf_counter()
+    with cf.ThreadPoolExecutor(len(prompts)) as pool:
+        results = list(pool.map(one, prompts))
+    elapsed = time.perf_counter() - start
+    bad = [r for r in results if r[0] != 200]
+    if bad:
+        raise RuntimeError(f"generate failed: {bad[0]}")
+    return elapsed, sum(len(r[1]["output_ids"]) for r in results)
 
 
 def epoch_total(runs, key: str) -> float:
@@ -61,7 +82,6 @@ def servers_side_by_side(model_path: str, dtype: str, env_name: str, impls: tupl
     import os
     import statistics
 
-    from benchmarks.bench_cpu_engine import _round
     from rhyme_sglang.server_process import ServerProcess
 
     servers = {}
@@ -73,18 +93,18 @@ def servers_side_by_side(model_path: str, dtype: str, env_name: str, impls: tupl
         os.environ.pop(env_name, None)
         for srv in servers.values():
             srv.wait_ready(timeout=600)
-            _round(srv.url, prompts[:4], 4, temperature)  # warm-up
+            timed_round(srv.url, prompts[:4], 4, temperature)  # warm-up
         out = {impl: {"tok_s": {}, "plain_step_s": {}} for impl in impls}
         for b in batches:
             full_s = {impl: [] for impl in impls}
             one_s = {impl: [] for impl in impls}
             for impl in impls:
-                _round(servers[impl].url, prompts[:b], 1, temperature)
+                timed_round(servers[impl].url, prompts[:b], 1, temperature)
             for _ in range(rounds):
                 for impl in impls:
-                    full_s[impl].append(_round(servers[impl].url, prompts[:b], new_tokens,
+                    full_s[impl].append(timed_round(servers[impl].url, prompts[:b], new_tokens,
                                                temperature)[0])
-                    one_s[impl].append(_round(servers[impl].url, prompts[:b], 1, temperature)[0])
+                    one_s[impl].append(timed_round(servers[impl].url, prompts[:b], 1, temperature)[0])
             for impl in impls:
                 full, one = statistics.median(full_s[impl]), statistics.median(one_s[impl])
                 out[impl]["tok_s"][str(b)] = b * new_tokens / full
