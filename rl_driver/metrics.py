@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from rhyme_sglang.core import TraceRecord, read_trace, write_trace
+from rl_driver.balance import imbalance, predicted_makespan
 
 
 @dataclass
@@ -38,6 +39,18 @@ class RunState:
         data.pop("first_epoch_of_process")
         tmp.write_text(json.dumps(data))
         os.replace(tmp, path)
+
+
+def open_run_dir(run_dir: Path, config: Dict[str, Any], resume: bool) -> RunState:
+    """Create ``run_dir`` and write ``config.json``; a fresh run drops the last run's metrics
+    and state, a resumed one loads its state."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    state = RunState.load(run_dir) if resume else RunState()
+    if not resume:
+        for stale in ("metrics.jsonl", "state.json"):
+            (run_dir / stale).unlink(missing_ok=True)
+    (run_dir / "config.json").write_text(json.dumps(config, indent=2))
+    return state
 
 
 def append_metrics(path: Path, metrics: Dict[str, Any]) -> None:
@@ -92,3 +105,46 @@ def summarize_breakdown(breakdown: Dict[str, Any]) -> Dict[str, Any]:
     out = {k: v for k, v in breakdown.items() if k != "timeline"}
     out["batch_over_time"] = [[round(t, 3), bs] for t, _, bs, _, _ in breakdown.get("timeline", [])]
     return out
+
+
+def epoch_metrics(epoch: int, *, balance: str, plan, rollout, rewards: Dict[str, float], fed,
+                  train: Dict[str, Any], sync_s: float, sync_method: str,
+                  rhyme_stats: List[Dict[str, Any]], startup_s: float) -> Dict[str, Any]:
+    """One line of ``metrics.jsonl``: the epoch's reward, rollout, balance, history, train and
+    sync figures. ``plan``: ``phases.Plan``; ``rollout``: ``phases.Rollout``; ``fed``:
+    ``phases.Fed``; ``train``: ``Trainer.train_step``'s result; ``rhyme_stats``: per engine."""
+    stats, start = rollout.result.stats, rollout.result.stats["start_s"]
+    return {
+        "epoch": epoch,
+        "mean_reward": sum(rewards.values()) / len(rewards),
+        "rollout_makespan_s": stats["makespan_s"],
+        "tokens_per_s": stats["tokens_per_s"],
+        "response_tokens": stats["response_tokens"],
+        "mean_response_len": stats["response_tokens"] / len(rollout.jobs),
+        "tau": stats["tau"],
+        "bubble_ratio": stats["bubble_ratio"],
+        "engine_busy_s": stats["engine_busy_s"],
+        "migrations": stats["migrations"],
+        "restarts": stats["restarts"],
+        "reissued": stats["reissued"],
+        "balance": balance,
+        "predicted_makespan": predicted_makespan(plan.assignment, plan.load),
+        "predicted_makespan_round_robin": predicted_makespan(plan.round_robin, plan.load),
+        "predicted_imbalance": imbalance(plan.assignment, plan.load),
+        "predicted_imbalance_round_robin": imbalance(plan.round_robin, plan.load),
+        "train_time_s": train["train_time_s"],
+        "sync_time_s": sync_s,
+        "sync_method": sync_method,
+        "rewards_sent": fed.rewards_sent, "responses_forwarded": fed.responses_forwarded,
+        "history_epoch": [s.get("epoch") for s in rhyme_stats],
+        "history_responses": [s.get("num_responses") for s in rhyme_stats],
+        "history_memory_bytes": [s.get("memory_bytes") for s in rhyme_stats],
+        # per engine: ok, calibration_at_bound or verify_starved (core/health.py)
+        "speculation_health": [s.get("speculation_health", {}).get("status")
+                               for s in rhyme_stats],
+        "train": {k: v for k, v in train.items() if k != "train_time_s"},
+        "breakdown": [summarize_breakdown(b) for b in rollout.breakdown],
+        "timeline": {str(e): [[s - start, t - start] for s, t in iv]
+                     for e, iv in rollout.result.busy.items()},
+        "startup_s": startup_s,
+    }

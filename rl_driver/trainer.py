@@ -367,7 +367,7 @@ class Trainer:
         model.save_pretrained(path)
         return path
 
-    # ---- checkpoints and checks ------------------------------------------------------------
+    # ---- checkpoints -----------------------------------------------------------------------
     def save_checkpoint(self, path: str) -> str:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         tmp = f"{path}.tmp"
@@ -383,27 +383,3 @@ class Trainer:
         self.version = int(state["version"])
         torch.set_rng_state(state["rng"])
         return self.version
-
-    def greedy(self, prompts: List[List[int]], max_new_tokens: int) -> List[List[int]]:
-        """Transformers greedy decoding without EOS stop (the reference for sync checks)."""
-        self.model.eval()
-        out = []
-        try:
-            with torch.no_grad():
-                for p in prompts:
-                    ids = torch.tensor([p])
-                    for _ in range(max_new_tokens):
-                        logits = self.model(input_ids=ids).logits[0, -1]
-                        ids = torch.cat([ids, logits.argmax().view(1, 1)], dim=1)
-                    out.append(ids[0, len(p):].tolist())
-        finally:
-            self.model.train()
-        return out
-
-    def perturb(self, scale: float, seed: int = 0) -> None:
-        """Add Gaussian noise to every weight (tests: makes a sync observable)."""
-        gen = torch.Generator().manual_seed(seed)
-        with torch.no_grad():
-            for p in self.model.parameters():
-                p.add_(torch.randn(p.shape, generator=gen, dtype=torch.float32).to(p.dtype) * scale)
-        self.version += 1

@@ -15,12 +15,12 @@ GREEDY = {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True}
 def stack(ray_cluster, tiny_model_path):
     from rl_driver.config import TrainConfig
     from rl_driver.pool import EnginePool
-    from rl_driver.trainer import Trainer
+    from tests.driver.helpers import ProbeTrainer
 
     pool = EnginePool({"model_path": tiny_model_path, "dtype": "float32", "log_level": "warning",
                        "max_total_tokens": 4096}, 1, rhyme=False)
     # fp32 like the engine (autocast "auto" would follow this machine: bf16 where it is native)
-    trainer = ray_cluster.remote(Trainer).remote(
+    trainer = ray_cluster.remote(ProbeTrainer).remote(
         tiny_model_path, TrainConfig(num_threads=1, autocast_bf16=False), 0)
     ray_cluster.get(trainer.ready.remote())
     yield ray_cluster, pool, trainer
