@@ -117,7 +117,8 @@ def main(argv=None) -> int:
     from transformers import AutoConfig
 
     from rhyme_sglang.cpu_backend import attention
-    from rhyme_sglang.machine import cpu_flags, resolve_dtype
+    from rhyme_sglang.dtypes import resolve_dtype
+    from rhyme_sglang.machine import cpu_flags
     from rhyme_sglang.models import resolve_model_path
 
     if attention._native is None:

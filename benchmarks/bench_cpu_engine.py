@@ -360,9 +360,10 @@ def main(argv=None) -> int:
     import torch
     from transformers import AutoConfig
 
+    from rhyme_sglang.dtypes import decode_probe, resolve_dtype
     from rhyme_sglang.machine import (choose_kernel_threads, choose_scheduler_threads, cpu_flags,
-                                      decode_probe, kernel_threads_from_env, resolve_dtype,
-                                      set_kernel_threads, threads_from_env, usable_cores)
+                                      kernel_threads_from_env, set_kernel_threads,
+                                      threads_from_env, usable_cores)
     from rhyme_sglang.models import resolve_model_path
 
     torch.manual_seed(args.seed)

@@ -503,7 +503,8 @@ def main(argv=None) -> int:
     logger.setLevel(logging.INFO)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-    from rhyme_sglang.machine import cpu_flags, resolve_dtype
+    from rhyme_sglang.dtypes import resolve_dtype
+    from rhyme_sglang.machine import cpu_flags
     from rhyme_sglang.models import resolve_model_path
 
     dtype = resolve_dtype(args.dtype)

@@ -168,7 +168,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
-    from rhyme_sglang.machine import cpu_flags, resolve_dtype
+    from rhyme_sglang.dtypes import resolve_dtype
+    from rhyme_sglang.machine import cpu_flags
     from rhyme_sglang.models import resolve_model_path
     from rhyme_sglang.server_process import ServerProcess
     from benchmarks.bench_rollout import build_prompts

@@ -64,7 +64,8 @@ def main(argv=None) -> int:
     import torch
     from transformers import AutoConfig
 
-    from rhyme_sglang.machine import cpu_flags, resolve_dtype
+    from rhyme_sglang.dtypes import resolve_dtype
+    from rhyme_sglang.machine import cpu_flags
     from rhyme_sglang.models import resolve_model_path
 
     torch.set_num_threads(1)

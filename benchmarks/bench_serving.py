@@ -104,7 +104,8 @@ def main(argv=None) -> int:
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
 
-    from rhyme_sglang.machine import cpu_flags, resolve_dtype
+    from rhyme_sglang.dtypes import resolve_dtype
+    from rhyme_sglang.machine import cpu_flags
     from rhyme_sglang.models import resolve_model_path
     from rhyme_sglang.server_process import ServerProcess as Server, get, post
 

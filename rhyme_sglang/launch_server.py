@@ -71,9 +71,9 @@ def pop_cpu_threads(argv: list[str], flag: str = "--cpu-threads") -> tuple[int |
 
 def prepare_argv(argv: list[str], cpu_only: bool, dtype_resolver=None) -> list[str]:
     """Resolve the model alias and ``--dtype auto`` (also when absent: the measured choice of
-    ``dtype_resolver``, default :func:`rhyme_sglang.machine.resolve_dtype`), and add defaults
+    ``dtype_resolver``, default :func:`rhyme_sglang.dtypes.resolve_dtype`), and add defaults
     for flags the user did not pass."""
-    from rhyme_sglang.machine import resolve_dtype
+    from rhyme_sglang.dtypes import resolve_dtype
     from rhyme_sglang.models import resolve_model_path
 
     dtype, argv = _pop_flag(list(argv), "--dtype")

@@ -23,6 +23,18 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 
+def column_sums(a: int, b: int):
+    """Column addition of ``a + b`` from the units up: ``(digit index from 1, x, y, carry in,
+    column sum)`` per column, then the final carry (0 when none)."""
+    da, db = str(a)[::-1], str(b)[::-1]
+    carry, columns = 0, []
+    for i in range(max(len(da), len(db))):
+        x, y = int(da[i]) if i < len(da) else 0, int(db[i]) if i < len(db) else 0
+        columns.append((i + 1, x, y, carry, x + y + carry))
+        carry = (x + y + carry) // 10
+    return columns, carry
+
+
 def _terms(expression: str) -> List[int]:
     """``"4 - 1 + 7"`` -> ``[4, -1, 7]``."""
     tokens = expression.split()
@@ -68,8 +80,6 @@ def long_addition_question(entry: Dict[str, Any]) -> str:
 
 def long_addition_answer(entry: Dict[str, Any]) -> str:
     """Column addition from the units digit up, one line per digit with the carry."""
-    from rl_driver.tasks import column_sums
-
     a, b = _addends(entry)
     columns, carry = column_sums(a, b)
     lines = [f"Digit {i}: {x} + {y} + {c} = {s}, write {s % 10}, carry {s // 10}"

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List
 
 from rl_driver.config import TaskConfig
+from rl_driver.task_presets import column_sums
 
 def sampling_seed(seed: int, epoch: int, prompt_id, sample: int) -> int:
     """A ``sampling_seed`` for sample ``sample`` of prompt ``prompt_id`` in ``epoch`` (63 bits,
@@ -38,18 +39,6 @@ def running_sum_solution(terms) -> str:
         lines.append(f"{total} + {t} = {total + t}")
         total += t
     return "\n".join(lines) + f"\n<answer>{total}</answer>"
-
-
-def column_sums(a: int, b: int):
-    """Column addition of ``a + b`` from the units up: ``(digit index from 1, x, y, carry in,
-    column sum)`` per column, then the final carry (0 when none)."""
-    da, db = str(a)[::-1], str(b)[::-1]
-    carry, columns = 0, []
-    for i in range(max(len(da), len(db))):
-        x, y = int(da[i]) if i < len(da) else 0, int(db[i]) if i < len(db) else 0
-        columns.append((i + 1, x, y, carry, x + y + carry))
-        carry = (x + y + carry) // 10
-    return columns, carry
 
 
 def long_addition_solution(a: int, b: int) -> str:

@@ -11,7 +11,7 @@ this stage makes that policy from the base model and a :mod:`rl_driver.task_pres
   the assistant's tokens and its ``<|im_end|>`` only, logits computed only there;
   length-sorted micro-batches of at most ``batch_tokens`` padded tokens, right padding without
   an attention mask (padded positions carry no loss and no later token reads them); bf16
-  autocast only where the CPU computes bf16 natively (:func:`rhyme_sglang.machine.resolve_train_dtype`).
+  autocast only where the CPU computes bf16 natively (:func:`rhyme_sglang.dtypes.resolve_train_dtype`).
 - **Output.** The adapter merged into the base weights, saved as a Hugging Face folder in the
   models cache under ``warm-<task>-<key>``, ``key`` a hash of (base model, task, recipe, seed);
   the adapter itself (``adapter/adapter.safetensors``, a few MB; in a subfolder, since an engine
@@ -188,7 +188,7 @@ def train_adapter(base_model: str, recipe, threads: Optional[int] = None) -> Dic
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rhyme_sglang import machine
+    from rhyme_sglang import dtypes, machine
 
     torch.manual_seed(recipe.seed)
     if threads:
@@ -206,7 +206,7 @@ def train_adapter(base_model: str, recipe, threads: Optional[int] = None) -> Dic
     warmup = max(1, len(plan) // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min((s + 1) / warmup, max(0.05, (len(plan) - s) / max(1, len(plan) - warmup))))
-    autocast = machine.resolve_train_dtype() == "bfloat16"
+    autocast = dtypes.resolve_train_dtype() == "bfloat16"
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     tty = sys.stderr.isatty()
     t0, tokens, loss_ema = time.perf_counter(), 0, None

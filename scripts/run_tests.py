@@ -1,29 +1,31 @@
 """Run the test suite as separate pytest processes on parallel lanes (what `make test` calls).
 
-Each job is one pytest process: the engine-free tests in two jobs (the driver's, which start
-Ray, and the rest), the lossless suite on its own, the engine modules that start HTTP servers
-(router, server) together, and the other engine modules under ``tests/sglang`` together. Their
-engines share one process: the session's ``EnginePool`` keeps one alive at a time, and after
-the first, each starts in a few seconds (its scheduler and detokenizer are forked from a process
-that has sglang imported already; see ``rhyme_sglang/sglang_ext/forkserver.py``), where a job of
-its own paid ~15 s to import sglang and ~20 s for its first engine (stop 16, 2-core avx2
-machine: the seven modules took 9:41 as seven jobs and 6:38 as one, in the same hour). A crashed
+Jobs are chosen by marker (``tests/conftest.py`` derives ``sglang`` / ``torch`` / ``ray`` from a
+module's imports and ``engine`` from the ``engines`` fixture; ``server`` and ``slow`` are
+written on the modules), so a test lands in its job wherever its file lies:
+
+* ``unit``: neither an engine nor Ray;
+* ``ray``: the driver's tests that start Ray (and its engines inside actors);
+* ``engine``: the in-process engine tests, in one process: the session's ``EnginePool`` keeps
+  one engine alive at a time, and after the first each starts in a few seconds (its scheduler
+  and detokenizer are forked from a process that has sglang imported already; see
+  ``rhyme_sglang/sglang_ext/forkserver.py``);
+* ``server``: the modules that start HTTP server processes (router, server), together;
+* the lossless suite (``LOSSLESS``), a job of its own.
+
+Every marker combination matches exactly one job (``job_of``; a unit test checks it). A crashed
 engine ends its job, and the runner reports that job's log. Lanes take jobs in turn from one
 queue (see :func:`run_order`). A job's output is kept in a log and printed when it ends: in
-full when it failed, its summary line when it passed.
+full when it failed, its summary line when it passed. Arguments after ``--`` go to every job;
+a ``-m EXPR`` there narrows each job's own expression.
 
 Lanes default to one per two usable cores, each pinned to its own two or more, and to two lanes
-sharing the cores on a machine with two or three. One job alone leaves much of a 2-core machine
-idle: an engine's greedy tests keep one core busy (the scheduler), server starts wait on each
-other, and the driver's tests mostly wait for engines to start (stop 30, AMX Xeon: ~60% busy
-over a one-lane run). Measured on 2 cores (stop 30): one lane 21:57; two lanes sharing both
-cores 16:43-17:05 (the lossless suite 8:01 -> 9:44-10:06 beside another job). Stop 13 had
-measured two shared lanes slower than one (the driver tests ~4:30 -> 23:08), before engines were
-forked from a fork server and while the tests' trainer ran on both cores (an OpenMP thread whose
-core the other lane holds stalls at every barrier; ``configs/tiny.yaml`` now trains on one).
-A lane is pinned only to two or more cores: an engine job needs more than one at its peaks
-(scheduler, detokenizer, tokenizer manager).
-``RHYME_TEST_LANES`` or ``--lanes`` overrides the count.
+sharing the cores on a machine with two or three: one job alone leaves much of a 2-core machine
+idle (an engine's greedy tests keep one core busy, server starts wait on each other, the
+driver's tests mostly wait for engines to start). A lane is pinned only to two or more cores:
+an engine job needs more than one at its peaks (scheduler, detokenizer, tokenizer manager).
+``RHYME_TEST_LANES`` or ``--lanes`` overrides the count. Measured timings per job are in
+``docs/testing.md``.
 
     python scripts/run_tests.py [--lanes N] [--list] [-- PYTEST_ARGS...]
 """
@@ -43,39 +45,53 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 LOSSLESS = "tests/sglang/test_spec_lossless.py"
 
-# The engine modules that start HTTP servers (each its own process tree) run as a job of their
-# own, beside the in-process engine modules.
-SERVERS = ["tests/sglang/test_router.py", "tests/sglang/test_server_http.py"]
+# Each job's marker expression; together they match every marker set exactly once.
+MARKER_JOBS = {
+    "unit": "not engine and not server and not ray",
+    "ray": "ray",
+    "engine": "engine and not server and not ray",
+    "server": "server and not ray",
+}
 
-# Expected seconds per job, measured one at a time on a 2-core AMX machine (stop 30); only the
-# order of jobs depends on them. A job missing here: DEFAULT_S.
+# Expected seconds per job, measured one at a time on a 2-core machine; only the order of jobs
+# depends on them. A job missing here: DEFAULT_S.
 EXPECTED_S = {
     LOSSLESS: 480,
-    "tests/driver": 285,
-    "tests/sglang": 250,
-    "tests/sglang servers": 210,
+    "ray": 285,
+    "engine": 250,
+    "server": 210,
     "unit": 90,
 }
 DEFAULT_S = 60
 
 
-def jobs() -> list[tuple[str, list[str]]]:
-    """(name, pytest arguments) of every job, longest expected first."""
-    out = [("unit", ["tests", "--ignore=tests/sglang", "--ignore=tests/driver"]),
-           ("tests/driver", ["tests/driver"]),
-           (LOSSLESS, [LOSSLESS]),
-           ("tests/sglang", ["tests/sglang", f"--ignore={LOSSLESS}",
-                             *(f"--ignore={m}" for m in SERVERS)]),
-           ("tests/sglang servers", list(SERVERS))]
+def job_of(markers: set) -> str:
+    """The job whose marker expression matches a test carrying ``markers`` (lossless aside)."""
+    return next(name for name, expr in MARKER_JOBS.items() if _matches(expr, markers))
+
+
+def _matches(expr: str, markers: set) -> bool:
+    from _pytest.mark.expression import Expression
+
+    return Expression.compile(expr).evaluate(lambda name, **_: name in markers)
+
+
+def jobs(user_marks: str = "") -> list[tuple[str, list[str]]]:
+    """(name, pytest arguments) of every job, longest expected first; ``user_marks`` (a
+    ``-m`` expression given after ``--``) narrows each marker job."""
+    out = [(LOSSLESS, [LOSSLESS] + (["-m", user_marks] if user_marks else []))]
+    for name, expr in MARKER_JOBS.items():
+        marks = f"({expr}) and ({user_marks})" if user_marks else expr
+        out.append((name, ["tests", f"--ignore={LOSSLESS}", "-m", marks]))
     return sorted(out, key=lambda job: -EXPECTED_S.get(job[0], DEFAULT_S))
 
 
-def run_order(lanes: int) -> list[tuple[str, list[str]]]:
+def run_order(lanes: int, user_marks: str = "") -> list[tuple[str, list[str]]]:
     """One lane: shortest first, so a failure shows early. Several lanes: the shortest job
     first, then longest first (LPT): the short job shares the machine at the start instead of
     running alone at the end on a half-idle machine (stop 30, 2 cores: the unit job alone for
     the last 1:39 of 16:43)."""
-    order = jobs()
+    order = jobs(user_marks)
     return order[::-1] if lanes == 1 else order[-1:] + order[:-1]
 
 
@@ -129,10 +145,10 @@ def _clock(seconds: float) -> str:
 
 
 class Runner:
-    def __init__(self, pytest_args: list[str], log_dir: Path, lanes: int):
+    def __init__(self, pytest_args: list[str], log_dir: Path, lanes: int, user_marks: str = ""):
         self.pytest_args, self.log_dir, self.lanes = pytest_args, log_dir, lanes
         self.lock = threading.Lock()
-        self.queue = run_order(lanes)
+        self.queue = run_order(lanes, user_marks)
         self.results: list[tuple[str, int, float]] = []
         self.start = time.monotonic()
 
@@ -184,6 +200,20 @@ class Runner:
         return 1 if failed else 0
 
 
+def split_marks(pytest_args: list[str]) -> tuple[list[str], str]:
+    """``pytest_args`` without its ``-m EXPR`` (or ``-mEXPR``), and that expression ("" if none)."""
+    rest, marks = [], ""
+    args = iter(pytest_args)
+    for arg in args:
+        if arg == "-m":
+            marks = next(args, "")
+        elif arg.startswith("-m") and not arg.startswith("--"):
+            marks = arg[2:]
+        else:
+            rest.append(arg)
+    return rest, marks
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     pytest_args = []
@@ -194,17 +224,18 @@ def main(argv=None) -> int:
     parser.add_argument("--lanes", type=int, default=None, help="parallel pytest processes")
     parser.add_argument("--list", action="store_true", help="print the jobs in run order and exit")
     args = parser.parse_args(argv)
+    pytest_args, user_marks = split_marks(pytest_args)
     lanes = default_lanes() if args.lanes is None else args.lanes
     if lanes < 1:
         parser.error(f"--lanes must be at least 1, got {lanes}")
     if args.list:
-        for name, job_args in run_order(lanes):
+        for name, job_args in run_order(lanes, user_marks):
             print(f"{EXPECTED_S.get(name, DEFAULT_S):5d} s  {name}: pytest {' '.join(job_args)}")
         return 0
     with tempfile.TemporaryDirectory(prefix="rhyme-tests-") as tmp:
         print(f"== {len(jobs())} pytest jobs on {lanes} lane(s) (logs in {tmp} while they run)",
               flush=True)
-        return Runner(pytest_args, Path(tmp), lanes).run()
+        return Runner(pytest_args, Path(tmp), lanes, user_marks).run()
 
 
 if __name__ == "__main__":

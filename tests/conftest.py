@@ -9,6 +9,7 @@ import tempfile
 import pytest
 
 from rhyme_sglang import settings
+from tests.markers import derived_markers
 
 settings.prepare_cpu_env()
 # RHYME engines keep measured step costs between starts; each test process gets its own file,
@@ -43,10 +44,12 @@ def _has(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
 def pytest_collection_modifyitems(config, items):
     missing = {
         "sglang": None if _has("sglang") else "sglang is not installed (run `make setup`)",
         "ray": None if _has("ray") else "ray is not installed (run `make setup`)",
+        "torch": None if _has("torch") else "torch is not installed (run `make setup`)",
         "gpu": "needs a CUDA GPU",
     }
     try:
@@ -57,6 +60,8 @@ def pytest_collection_modifyitems(config, items):
     except ImportError:
         pass
     for item in items:
+        for marker in derived_markers(item) - set(item.keywords):
+            item.add_marker(marker)
         for marker, reason in missing.items():
             if reason and marker in item.keywords:
                 item.add_marker(pytest.mark.skip(reason=reason))

@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
-from rhyme_sglang import machine
+from rhyme_sglang import dtypes, machine
 from rhyme_sglang.launch_server import pop_cpu_threads, prepare_argv
-from rhyme_sglang.machine import DecodeProbe, GemmProbe, choose_dtype, choose_train_dtype
+from rhyme_sglang.dtypes import DecodeProbe, GemmProbe, choose_dtype, choose_train_dtype
 
 SLOW_BF16 = GemmProbe(float32=50.0, bfloat16=5.5, source="injected")  # AVX2 only
 FAST_BF16 = GemmProbe(float32=50.0, bfloat16=400.0, source="injected")  # AMX
@@ -54,29 +54,29 @@ def test_trainer_follows_the_gemm_probe():
 
 
 def test_probe_injection_and_its_errors():
-    probe = machine.gemm_probe(env={machine.PROBE_ENV: "float32=40,bfloat16=4.5"})
+    probe = dtypes.gemm_probe(env={dtypes.PROBE_ENV: "float32=40,bfloat16=4.5"})
     assert probe == GemmProbe(40.0, 4.5, "injected")
     for bad in ("float32=40", "fp32=40,bfloat16=4", "float32=x,bfloat16=4", "float32=-1,bfloat16=4"):
         with pytest.raises(ValueError, match="RHYME_GEMM_PROBE"):
-            machine.parse_probe(bad)
-    decode = machine.decode_probe(env={machine.DECODE_PROBE_ENV: "float32=2,bfloat16=1"})
-    steps = len(machine.STEP_ROWS)
+            dtypes.parse_probe(bad)
+    decode = dtypes.decode_probe(env={dtypes.DECODE_PROBE_ENV: "float32=2,bfloat16=1"})
+    steps = len(dtypes.STEP_ROWS)
     assert decode == DecodeProbe((2e-3,) * steps, (1e-3,) * steps, "injected")
     with pytest.raises(ValueError, match="RHYME_DECODE_PROBE"):
-        machine.parse_decode_probe("float32=2")
+        dtypes.parse_decode_probe("float32=2")
 
 
 def test_gemm_probe_is_measured_once_then_cached(tmp_path):
     cache = tmp_path / "probe.json"
-    measured = machine.gemm_probe(cache=cache, env={})
+    measured = dtypes.gemm_probe(cache=cache, env={})
     assert measured.source == "measured" and measured.float32 > 0 and measured.bfloat16 > 0
     table = json.loads(cache.read_text())
     assert table[machine.machine_key()]["float32"] == measured.float32
-    cached = machine.gemm_probe(cache=cache, env={})
+    cached = dtypes.gemm_probe(cache=cache, env={})
     assert cached.source == "cached" and cached.float32 == measured.float32
     table[machine.machine_key()] = {"float32": 9.0, "bfloat16": 90.0}
     cache.write_text(json.dumps(table))
-    assert machine.gemm_probe(cache=cache, env={}) == GemmProbe(9.0, 90.0, "cached")
+    assert dtypes.gemm_probe(cache=cache, env={}) == GemmProbe(9.0, 90.0, "cached")
 
 
 def test_decode_probe_is_cached_under_the_kernels_revision(monkeypatch, tmp_path):
@@ -90,24 +90,24 @@ def test_decode_probe_is_cached_under_the_kernels_revision(monkeypatch, tmp_path
         calls.append(dtype_probe.revision())
         return DecodeProbe((1e-3, 2e-3, 3e-3), (5e-4, 1e-3, 4e-3), "measured")
 
-    monkeypatch.setattr(machine, "measure_decode_probe", fake_measure)
+    monkeypatch.setattr(dtypes, "measure_decode_probe", fake_measure)
     cache = tmp_path / "decode.json"
-    first = machine.decode_probe(cache=cache, env={})
+    first = dtypes.decode_probe(cache=cache, env={})
     assert first.source == "measured" and len(calls) == 1
-    assert machine.decode_probe(cache=cache, env={}) == first._replace(source="cached")
+    assert dtypes.decode_probe(cache=cache, env={}) == first._replace(source="cached")
     assert len(calls) == 1
-    key = machine.decode_probe_key()
-    assert dtype_probe.revision() in key and f"v{machine.DECODE_PROBE_VERSION}" in key
+    key = dtypes.decode_probe_key()
+    assert dtype_probe.revision() in key and f"v{dtypes.DECODE_PROBE_VERSION}" in key
     monkeypatch.setattr(dtype_probe, "revision", lambda: "native-r999")
-    assert machine.decode_probe(cache=cache, env={}).source == "measured" and len(calls) == 2
+    assert dtypes.decode_probe(cache=cache, env={}).source == "measured" and len(calls) == 2
     table = json.loads(cache.read_text())
-    table[machine.decode_probe_key()]["bfloat16"] = [1.0]  # another number of steps
+    table[dtypes.decode_probe_key()]["bfloat16"] = [1.0]  # another number of steps
     cache.write_text(json.dumps(table))
-    assert machine.decode_probe(cache=cache, env={}).source == "measured" and len(calls) == 3
+    assert dtypes.decode_probe(cache=cache, env={}).source == "measured" and len(calls) == 3
     table = json.loads(cache.read_text())
-    table[machine.decode_probe_key()]["bfloat16"] = []  # no native bf16 step: kept as such
+    table[dtypes.decode_probe_key()]["bfloat16"] = []  # no native bf16 step: kept as such
     cache.write_text(json.dumps(table))
-    cached = machine.decode_probe(cache=cache, env={})
+    cached = dtypes.decode_probe(cache=cache, env={})
     assert cached.bfloat16 == () and choose_dtype("auto", cached, cuda=False) == "float32"
 
 
@@ -116,10 +116,10 @@ def test_decode_probe_measures_each_native_dtype(monkeypatch):
     from rhyme_sglang.cpu_backend import dtype_probe, linear
 
     monkeypatch.setattr(linear, "_largest_cache_bytes", lambda: 1 << 20)
-    probe = machine.measure_decode_probe()
-    assert len(probe.float32) == len(machine.STEP_ROWS) and min(probe.float32) > 0
+    probe = dtypes.measure_decode_probe()
+    assert len(probe.float32) == len(dtypes.STEP_ROWS) and min(probe.float32) > 0
     if dtype_probe.decodes_natively("bfloat16"):
-        assert len(probe.bfloat16) == len(machine.STEP_ROWS) and min(probe.bfloat16) > 0
+        assert len(probe.bfloat16) == len(dtypes.STEP_ROWS) and min(probe.bfloat16) > 0
     else:
         assert probe.bfloat16 == () and "no native bf16" in probe.describe()
 
@@ -133,11 +133,11 @@ def _cpu_only():
                                              ("float32=2,bfloat16=1", "bfloat16")])
 def test_resolve_dtype_and_launch_server_argv(monkeypatch, probe, expected):
     _cpu_only()
-    monkeypatch.setenv(machine.DECODE_PROBE_ENV, probe)
-    monkeypatch.setenv(machine.PROBE_ENV, "float32=50,bfloat16=400")  # the trainer's: not the engines'
-    assert machine.resolve_dtype("auto") == expected
-    assert machine.resolve_dtype(None) == expected
-    assert machine.resolve_dtype("float16") == "float16"
+    monkeypatch.setenv(dtypes.DECODE_PROBE_ENV, probe)
+    monkeypatch.setenv(dtypes.PROBE_ENV, "float32=50,bfloat16=400")  # the trainer's: not the engines'
+    assert dtypes.resolve_dtype("auto") == expected
+    assert dtypes.resolve_dtype(None) == expected
+    assert dtypes.resolve_dtype("float16") == "float16"
     argv = prepare_argv(["--model-path", "/m"], cpu_only=True)
     assert argv[argv.index("--dtype") + 1] == expected
     argv = prepare_argv(["--model-path", "/m", "--dtype", "auto"], cpu_only=True)
@@ -149,13 +149,13 @@ def test_resolve_dtype_and_launch_server_argv(monkeypatch, probe, expected):
 
 def test_both_decisions_are_logged_with_their_figures(monkeypatch, caplog):
     _cpu_only()
-    monkeypatch.setenv(machine.DECODE_PROBE_ENV, "float32=1,bfloat16=2")
-    monkeypatch.setenv(machine.PROBE_ENV, "float32=76.8,bfloat16=189.1")
-    monkeypatch.setattr(machine, "_logged", set())
-    with caplog.at_level(logging.INFO, logger="rhyme_sglang.machine"):
-        assert machine.resolve_dtype() == "float32"
-        assert machine.resolve_train_dtype() == "bfloat16"
-        machine.resolve_dtype()  # logged once
+    monkeypatch.setenv(dtypes.DECODE_PROBE_ENV, "float32=1,bfloat16=2")
+    monkeypatch.setenv(dtypes.PROBE_ENV, "float32=76.8,bfloat16=189.1")
+    monkeypatch.setattr(dtypes, "_logged", set())
+    with caplog.at_level(logging.INFO, logger="rhyme_sglang.dtypes"):
+        assert dtypes.resolve_dtype() == "float32"
+        assert dtypes.resolve_train_dtype() == "bfloat16"
+        dtypes.resolve_dtype()  # logged once
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2
     assert lines[0].startswith("engine dtype auto -> float32 (decode probe:") and "x2.00" in lines[0]

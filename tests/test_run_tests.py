@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 from pathlib import Path
 
@@ -14,21 +15,34 @@ run_tests = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(run_tests)
 
 
-def test_engine_modules_share_a_job_the_lossless_suite_and_servers_have_their_own():
+def test_every_marker_set_lands_in_exactly_one_job():
+    """Jobs are chosen by marker: every combination of the markers that decide a job matches
+    exactly one job's expression; the lossless suite runs alone and no marker job runs it."""
+    decisive = ("engine", "server", "ray", "sglang", "torch", "slow")
+    for bits in itertools.product((False, True), repeat=len(decisive)):
+        markers = {m for m, on in zip(decisive, bits) if on}
+        matching = [n for n, e in run_tests.MARKER_JOBS.items() if run_tests._matches(e, markers)]
+        assert matching == [run_tests.job_of(markers)], markers
+    assert run_tests.job_of({"ray", "engine", "sglang"}) == "ray"
+    assert run_tests.job_of({"engine", "server"}) == "server"
+    assert run_tests.job_of({"engine", "sglang", "torch"}) == "engine"
+    assert run_tests.job_of({"sglang", "torch"}) == "unit"
     jobs = dict(run_tests.jobs())
-    assert set(jobs) == {"unit", "tests/driver", "tests/sglang", "tests/sglang servers",
-                         run_tests.LOSSLESS}
-    assert (ROOT / run_tests.LOSSLESS).is_file()
-    assert jobs[run_tests.LOSSLESS] == [run_tests.LOSSLESS]
-    assert all((ROOT / m).is_file() for m in run_tests.SERVERS)
-    assert jobs["tests/sglang servers"] == run_tests.SERVERS
-    # every other tests/sglang module runs in the engines job, each module in one job only
-    ignored = {a.split("=", 1)[1] for a in jobs["tests/sglang"] if a.startswith("--ignore=")}
-    assert ignored == {run_tests.LOSSLESS, *run_tests.SERVERS}
-    assert "--ignore=tests/sglang" in jobs["unit"] and "--ignore=tests/driver" in jobs["unit"]
+    assert (ROOT / run_tests.LOSSLESS).is_file() and jobs[run_tests.LOSSLESS] == [run_tests.LOSSLESS]
+    for name, expr in run_tests.MARKER_JOBS.items():
+        assert jobs[name] == ["tests", f"--ignore={run_tests.LOSSLESS}", "-m", expr]
     names = [name for name, _ in run_tests.jobs()]
     expected = [run_tests.EXPECTED_S.get(n, run_tests.DEFAULT_S) for n in names]
     assert expected == sorted(expected, reverse=True)  # longest first
+
+
+def test_a_users_marker_expression_narrows_every_job():
+    rest, marks = run_tests.split_marks(["-x", "-m", "not slow", "-k", "loop"])
+    assert rest == ["-x", "-k", "loop"] and marks == "not slow"
+    assert run_tests.split_marks(["-mslow"]) == ([], "slow")
+    jobs = dict(run_tests.jobs("not slow"))
+    assert jobs["ray"][-2:] == ["-m", "(ray) and (not slow)"]
+    assert jobs[run_tests.LOSSLESS] == [run_tests.LOSSLESS, "-m", "not slow"]
 
 
 def test_lanes_split_the_cpus_without_overlap(monkeypatch):

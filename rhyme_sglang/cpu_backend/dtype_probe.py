@@ -6,10 +6,10 @@ skinny, memory-bound product, where the kernel that streams the weight best wins
 with the most arithmetic (a large GEMM, as the trainer runs, can favour bf16 2.5x on a CPU
 whose bf16 decode products are slower than fp32's). So the probe times what a step does: a
 layer's linears (SmolLM2-135M's shapes), each on enough copies of its weight to stream from
-memory (:func:`.linear.streamed_copies`), on each of :data:`rhyme_sglang.machine.STEP_ROWS`
+memory (:func:`.linear.streamed_copies`), on each of :data:`rhyme_sglang.dtypes.STEP_ROWS`
 row counts, with every kernel :mod:`.linear` may choose for that dtype (``F.linear``, oneDNN,
 the native few-row GEMM) and the fastest one kept per shape, as the engine's own measured
-choice keeps it. :func:`rhyme_sglang.machine.decode_probe` caches the result and decides.
+choice keeps it. :func:`rhyme_sglang.dtypes.decode_probe` caches the result and decides.
 """
 
 from __future__ import annotations

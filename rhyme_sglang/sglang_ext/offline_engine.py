@@ -9,7 +9,7 @@ threads) and makes sure the CPU backend reaches the scheduler process through sg
 ``run_scheduler_process_func`` seam; the scheduler and detokenizer are forked from a process
 with sglang imported (:mod:`rhyme_sglang.sglang_ext.forkserver`). Model aliases
 ``smollm2``/``tiny`` resolve to prepared folders. ``dtype`` absent or ``"auto"`` is decided by
-measurement (:func:`rhyme_sglang.machine.resolve_dtype`); ``cpu_threads=N`` sets the
+measurement (:func:`rhyme_sglang.dtypes.resolve_dtype`); ``cpu_threads=N`` sets the
 scheduler's compute threads.
 """
 
@@ -20,7 +20,7 @@ import logging
 
 from sglang.srt.entrypoints.engine import Engine as _SGLangEngine
 
-from rhyme_sglang.machine import resolve_dtype
+from rhyme_sglang.dtypes import resolve_dtype
 from rhyme_sglang.models import resolve_model_path
 from rhyme_sglang.sglang_ext import forkserver, own_children
 from rhyme_sglang.sglang_ext.config import RhymeConfig, check_widths_fit, new_control_addr

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rhyme_sglang import settings as rhyme_settings
 from rhyme_sglang.cpu_backend import attention
+from tests.cpu_backend.helpers import attention_impl, paged_cache, random_tree
 from tests.cpu_backend.reference_attention import decode_attention_ref, extend_attention_ref
 
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True)
@@ -22,57 +19,12 @@ IMPLS = ["torch"] + (["native"] if attention._native is not None else [])
 needs_native = pytest.mark.skipif(attention._native is None, reason="native attention not built")
 
 
-@contextlib.contextmanager
-def _impl(name):
-    """RHYME_CPU_ATTENTION=name for the duration (not a fixture: hypothesis reruns the body)."""
-    old = os.environ.get("RHYME_CPU_ATTENTION")
-    os.environ["RHYME_CPU_ATTENTION"] = name
-    rhyme_settings.reload()
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("RHYME_CPU_ATTENTION")
-        else:
-            os.environ["RHYME_CPU_ATTENTION"] = old
-        rhyme_settings.reload()
-
-
 def _heads(draw):
     kv_heads = draw(st.integers(1, 2))
     group = draw(st.sampled_from([1, 2, 3]))
     head_dim = draw(st.sampled_from([4, 8]))
     v_dim = draw(st.sampled_from([head_dim, 6]))
     return kv_heads * group, kv_heads, head_dim, v_dim
-
-
-def _paged_cache(gen, seq_lens, kv_heads, head_dim, v_dim, dtype, spare_rows=2):
-    """K/V buffers and a req_to_token table whose rows scatter each request over the pool.
-
-    The batch's requests sit on shuffled rows among ``spare_rows`` unused ones; cells past a
-    request's length hold an out-of-range location, so reading them would fail loudly.
-    """
-    bsz, width = len(seq_lens), max(seq_lens) + 3
-    pool = sum(seq_lens) + 5
-    k_buffer = torch.randn(pool, kv_heads, head_dim, generator=gen).to(dtype)
-    v_buffer = torch.randn(pool, kv_heads, v_dim, generator=gen).to(dtype)
-    req_to_token = torch.full((bsz + spare_rows, width), pool + 100, dtype=torch.int32)
-    rows = torch.randperm(bsz + spare_rows, generator=gen)[:bsz]
-    locs = torch.randperm(pool, generator=gen)
-    used = 0
-    for row, n in zip(rows.tolist(), seq_lens):
-        req_to_token[row, :n] = locs[used : used + n].int()
-        used += n
-    return k_buffer, v_buffer, req_to_token, rows
-
-
-def _random_tree(gen, n):
-    """Ancestor-or-self mask [n, n] of a random tree whose node i has a parent < i."""
-    mask = torch.eye(n, dtype=torch.bool)
-    for i in range(1, n):
-        parent = int(torch.randint(0, i, (1,), generator=gen))
-        mask[i] |= mask[parent]
-    return mask
 
 
 def _run_extend(op, case, k, v, out_rows):
@@ -92,18 +44,18 @@ def _extend_case(draw, uniform_tree: bool, ragged_tree: bool = False):
     if ragged_tree:  # RHYME's ragged verify: [bs, n, n] trees, request b runs its first ext[b]
         n = draw(st.integers(1, 6))
         ext = draw(st.lists(st.integers(1, n), min_size=bsz, max_size=bsz))
-        tree = torch.stack([_random_tree(gen, n) for _ in range(bsz)])
+        tree = torch.stack([random_tree(gen, n) for _ in range(bsz)])
     elif uniform_tree:
         n = draw(st.integers(1, 5))
         ext = [n] * bsz
-        tree = torch.stack([_random_tree(gen, n) for _ in range(bsz)]).reshape(-1)
+        tree = torch.stack([random_tree(gen, n) for _ in range(bsz)]).reshape(-1)
     else:
         ext = draw(st.lists(st.integers(0, 5), min_size=bsz, max_size=bsz).filter(any))
         tree = None
     seq = [p + e for p, e in zip(prefix, ext)]
     seq = [max(s, 1) for s in seq]  # a request with nothing cached still owns one token
     prefix = [s - e for s, e in zip(seq, ext)]
-    k_buffer, v_buffer, req_to_token, rows = _paged_cache(gen, seq, kv_heads, head_dim, v_dim, dtype)
+    k_buffer, v_buffer, req_to_token, rows = paged_cache(gen, seq, kv_heads, head_dim, v_dim, dtype)
     tokens = sum(ext)
     k = torch.randn(tokens, kv_heads, head_dim, generator=gen).to(dtype)
     v = torch.randn(tokens, kv_heads, v_dim, generator=gen).to(dtype)
@@ -139,7 +91,7 @@ def _check_extend(case, k, v, dtype):
 @SETTINGS
 @given(st.data())
 def test_ragged_extend_matches_reference(impl, data):
-    with _impl(impl):
+    with attention_impl(impl):
         _check_extend(*_extend_case(data.draw, uniform_tree=False))
 
 
@@ -147,7 +99,7 @@ def test_ragged_extend_matches_reference(impl, data):
 @SETTINGS
 @given(st.data())
 def test_tree_verify_matches_reference(impl, data):
-    with _impl(impl):
+    with attention_impl(impl):
         _check_extend(*_extend_case(data.draw, uniform_tree=True))
 
 
@@ -157,7 +109,7 @@ def test_tree_verify_matches_reference(impl, data):
 def test_ragged_tree_verify_matches_reference(impl, data):
     """Requests of one verify run different numbers of their tree's nodes (the top-left block
     of each ``[n, n]`` tree)."""
-    with _impl(impl):
+    with attention_impl(impl):
         _check_extend(*_extend_case(data.draw, uniform_tree=False, ragged_tree=True))
 
 
@@ -165,7 +117,7 @@ def test_ragged_tree_verify_matches_reference(impl, data):
 @SETTINGS
 @given(st.data())
 def test_decode_matches_reference_and_writes_the_new_kv(impl, data):
-    with _impl(impl):
+    with attention_impl(impl):
         _check_decode(data.draw)
 
 
@@ -175,7 +127,7 @@ def _check_decode(draw):
     heads, kv_heads, head_dim, v_dim = _heads(draw)
     seq = draw(st.lists(st.integers(1, 12), min_size=1, max_size=5))
     bsz = len(seq)
-    k_buffer, v_buffer, req_to_token, rows = _paged_cache(gen, seq, kv_heads, head_dim, v_dim, dtype)
+    k_buffer, v_buffer, req_to_token, rows = paged_cache(gen, seq, kv_heads, head_dim, v_dim, dtype)
     q = torch.randn(bsz, heads, head_dim, generator=gen).to(dtype)
     k = torch.randn(bsz, kv_heads * head_dim, generator=gen).to(dtype)
     v = torch.randn(bsz, kv_heads * v_dim, generator=gen).to(dtype)
@@ -214,7 +166,7 @@ def test_chunked_batches_match_reference(monkeypatch):
     seq = [200] + [3, 5, 4, 6, 2, 7]
     ext = [4, 1, 2, 0, 3, 1, 2]
     bsz, heads, kv_heads, dim = len(seq), 4, 2, 8
-    k_buffer, v_buffer, req_to_token, rows = _paged_cache(gen, seq, kv_heads, dim, dim, torch.float32)
+    k_buffer, v_buffer, req_to_token, rows = paged_cache(gen, seq, kv_heads, dim, dim, torch.float32)
     case = _causal_case(gen, seq, ext, heads, dim, k_buffer, v_buffer, req_to_token, rows, 0.5)
     want = _run_extend(extend_attention_ref, case, None, None, sum(ext))
     one_request = 200 * (4 * kv_heads * 2 * dim + 4 * 12 * heads)
@@ -271,7 +223,7 @@ def test_unsupported_features_raise_naming_the_op(op_name, build, feature, overr
 def test_registered_ops_are_the_batched_ones():
     attention.register_torch_ops()
     gen = torch.Generator().manual_seed(0)
-    k_buffer, v_buffer, req_to_token, rows = _paged_cache(gen, [5, 3], 1, 4, 4, torch.float32)
+    k_buffer, v_buffer, req_to_token, rows = paged_cache(gen, [5, 3], 1, 4, 4, torch.float32)
     q = torch.randn(2, 2, 4, generator=gen)
     args = (k_buffer, v_buffer, 1.0, 1.0)
     tail = (None, None, torch.tensor([0, 0]), torch.zeros(1), req_to_token, rows,
@@ -289,10 +241,10 @@ def test_native_splits_long_extends_to_the_torch_path():
     ext = [attention.NATIVE_MAX_EXTEND + 6, 3, 1]
     seq = [e + p for e, p in zip(ext, [4, 7, 0])]
     heads, kv_heads, dim = 6, 2, 16
-    k_buffer, v_buffer, req_to_token, rows = _paged_cache(gen, seq, kv_heads, dim, dim, torch.float32)
+    k_buffer, v_buffer, req_to_token, rows = paged_cache(gen, seq, kv_heads, dim, dim, torch.float32)
     case = _causal_case(gen, seq, ext, heads, dim, k_buffer, v_buffer, req_to_token, rows, 0.25)
     want = _run_extend(extend_attention_ref, case, None, None, sum(ext))
-    with _impl("native"):
+    with attention_impl("native"):
         got = _run_extend(attention.extend_attention_cpu, case, None, None, sum(ext))
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
@@ -328,14 +280,14 @@ def test_native_tree_node_is_bit_identical_to_the_same_token_decoded(dtype, head
     q_other = torch.randn(n, heads, head_dim, generator=gen).to(dtype)
     kv_other = [torch.randn(n, kv_heads, head_dim, generator=gen).to(dtype) for _ in range(2)]
     k_buffer[other_locs[other:]], v_buffer[other_locs[other:]] = kv_other
-    with _impl("native"):
+    with attention_impl("native"):
         o = torch.zeros(2 * n, heads, head_dim, dtype=dtype)
         attention.extend_attention_cpu(
             torch.cat([q_other, q]), torch.cat([kv_other[0], k_new]), torch.cat([kv_other[1], v_new]),
             o, k_buffer, v_buffer, 1.0, 1.0, req_to_token, torch.tensor([2, 1]),
             torch.tensor([other + n, prefix + n]), torch.tensor([n, n], dtype=torch.int32),
             torch.tensor([0, n]), n, 0.125, 0.0, False, 0, None, None,
-            torch.stack([_random_tree(gen, n), tree]).reshape(-1), True)
+            torch.stack([random_tree(gen, n), tree]).reshape(-1), True)
         verified = o[n:]
         for node in range(n):
             chain = [a for a in range(n) if tree[node, a]]  # ancestors and itself, in order
@@ -366,14 +318,14 @@ def test_query_rows_out_of_request_order(impl):
     """Requests whose query rows are not laid out in batch order (bf16: copied back by row)."""
     gen = torch.Generator().manual_seed(8)
     seq, ext = [9, 6], [3, 2]
-    k_buffer, v_buffer, req_to_token, rows = _paged_cache(gen, seq, 2, 8, 8, torch.bfloat16)
+    k_buffer, v_buffer, req_to_token, rows = paged_cache(gen, seq, 2, 8, 8, torch.bfloat16)
     ext_t = torch.tensor(ext, dtype=torch.int32)
     case = dict(q=torch.randn(7, 4, 8, generator=gen).to(torch.bfloat16), k_buffer=k_buffer,
                 v_buffer=v_buffer, req_to_token=req_to_token, rows=rows, seq_lens=torch.tensor(seq),
                 ext_lens=ext_t, starts=torch.tensor([4, 1]), ext=ext, v_dim=8, tree=None,
                 scale=0.5, cap=0.0, causal=True)
     want = _run_extend(extend_attention_ref, case, None, None, 7)
-    with _impl(impl):
+    with attention_impl(impl):
         got = _run_extend(attention.extend_attention_cpu, case, None, None, 7)
     torch.testing.assert_close(got.float(), want.float(), **TOLERANCE[torch.bfloat16])
     assert not got[0].any() and not got[3].any(), "rows of no request stay untouched"
@@ -389,17 +341,17 @@ def test_native_results_do_not_depend_on_the_thread_count(seq, dtype):
 
     gen = torch.Generator().manual_seed(21)
     n = 4
-    k_buffer, v_buffer, req_to_token, rows = _paged_cache(gen, seq, 2, 64, 64, dtype)
+    k_buffer, v_buffer, req_to_token, rows = paged_cache(gen, seq, 2, 64, 64, dtype)
     bsz = len(seq)
     q = torch.randn(bsz * n, 6, 64, generator=gen).to(dtype)
-    tree = torch.stack([_random_tree(gen, n) for _ in range(bsz)]).reshape(-1)
+    tree = torch.stack([random_tree(gen, n) for _ in range(bsz)]).reshape(-1)
     ext = torch.full((bsz,), n, dtype=torch.int32)
     outs = []
     try:
         for count in (1, 3, 8):
             set_kernel_threads(count)
             o = torch.zeros(bsz * n, 6, 64, dtype=dtype)
-            with _impl("native"):
+            with attention_impl("native"):
                 attention.extend_attention_cpu(q, None, None, o, k_buffer, v_buffer, 1.0, 1.0,
                                                req_to_token, rows, torch.tensor(seq), ext,
                                                torch.arange(bsz) * n, n, 0.125, 0.0, False, 0,
@@ -420,7 +372,7 @@ def test_decode_stores_row_views_of_a_fused_projection(k_dtype, cache_dtype):
     takes them as they are, a dtype change goes through the index write."""
     gen = torch.Generator().manual_seed(11)
     seq, kv_heads, dim = [3, 7, 5], 2, 4
-    k_buffer, v_buffer, req_to_token, rows = _paged_cache(gen, seq, kv_heads, dim, dim, cache_dtype)
+    k_buffer, v_buffer, req_to_token, rows = paged_cache(gen, seq, kv_heads, dim, dim, cache_dtype)
     fused = torch.randn(3, 8 * dim + 2 * kv_heads * dim, generator=gen).to(k_dtype)
     q = fused[:, : 8 * dim].reshape(3, 8, dim)
     k, v = fused[:, 8 * dim : 8 * dim + kv_heads * dim], fused[:, 8 * dim + kv_heads * dim :]
@@ -457,7 +409,7 @@ def test_decode_metadata_follows_in_place_updates_of_seq_lens(lens_dtype):
     are copied to int64, so only the version check sees the change)."""
     gen = torch.Generator().manual_seed(12)
     seq = [4, 6]
-    k_buffer, v_buffer, req_to_token, rows = _paged_cache(gen, [n + 1 for n in seq], 1, 4, 4,
+    k_buffer, v_buffer, req_to_token, rows = paged_cache(gen, [n + 1 for n in seq], 1, 4, 4,
                                                           torch.float32)
     q = torch.randn(2, 2, 4, generator=gen)
     lens = torch.tensor(seq, dtype=lens_dtype)

@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-
 import pytest
 
-
-def _run(code: str, env_extra: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
-    import os
-
-    env = dict(os.environ, **(env_extra or {}))
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, env=env, cwd=cwd, timeout=120)
+from tests.cpu_backend.helpers import run_python
 
 
 def test_hook_imports_nothing_heavy():
-    r = _run("""
+    r = run_python("""
         import sys
         import rhyme_sglang.cpu_backend.bootstrap as b
         b.install()
@@ -31,7 +21,7 @@ def test_hook_imports_nothing_heavy():
 
 
 def test_standin_resolves_when_no_real_sgl_kernel():
-    r = _run("""
+    r = run_python("""
         import rhyme_sglang.cpu_backend.bootstrap as b
         b.install()
         import sgl_kernel, torch
@@ -61,7 +51,7 @@ def test_real_sgl_kernel_wins(tmp_path):
     fake = tmp_path / "sgl_kernel"
     fake.mkdir()
     (fake / "__init__.py").write_text("REAL = True\n")
-    r = _run("""
+    r = run_python("""
         import rhyme_sglang.cpu_backend.bootstrap as b
         b.install()
         assert not b.standin_active()
@@ -73,7 +63,7 @@ def test_real_sgl_kernel_wins(tmp_path):
 
 
 def test_disable_switch():
-    r = _run("""
+    r = run_python("""
         import sys
         sys.meta_path[:] = [f for f in sys.meta_path if type(f).__module__ != "rhyme_sglang.cpu_backend.bootstrap"]
         import rhyme_sglang.cpu_backend.bootstrap as b
@@ -92,7 +82,7 @@ def test_every_patch_has_its_module_hooked():
 
 @pytest.mark.sglang
 def test_patches_apply_in_a_fresh_process():
-    r = _run("""
+    r = run_python("""
         import os
         os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
         from rhyme_sglang import cpu_backend

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rhyme_sglang.cpu_backend import attention, lean_forward, native_step, step_plan
-from tests.cpu_backend.test_attention_parity import _impl, _paged_cache, _random_tree
+from tests.cpu_backend.helpers import attention_impl, paged_cache, random_tree
 
 needs_native = pytest.mark.skipif(attention._native is None, reason="native attention not built")
 HEADS, KV_HEADS, DIM = 6, 2, 8
@@ -49,14 +49,14 @@ def test_decode_plan_is_bit_identical_to_the_decode_op(dtype):
     by both)."""
     gen = torch.Generator().manual_seed(3)
     seq = [5, 9, 2]
-    kb, vb, r2t, rows = _paged_cache(gen, seq, KV_HEADS, DIM, DIM, dtype)
+    kb, vb, r2t, rows = paged_cache(gen, seq, KV_HEADS, DIM, DIM, dtype)
     q, k, v = (t.to(dtype) for t in _fused(gen, len(seq)))
     last = torch.tensor([int(r2t[r, n - 1]) for r, n in zip(rows.tolist(), seq)])
     lens = torch.tensor(seq)
     batch = SimpleNamespace(forward_mode=_Mode("decode"), out_cache_loc=last,
                             req_pool_indices=rows, seq_lens=lens)
     kb2, vb2 = kb.clone(), vb.clone()
-    with _impl("native"):
+    with attention_impl("native"):
         plan = step_plan.plan_step(_backend(r2t), batch, kb, vb, len(seq))
         got = plan.attend(q, k, v, kb, vb, 0.35)
         want = torch.zeros(len(seq), HEADS, DIM, dtype=dtype)
@@ -76,11 +76,11 @@ def test_verify_plan_is_bit_identical_to_the_extend_op(ragged):
     n, prefix = 4, [3, 7, 1]
     ext = [2, 4, 3] if ragged else [n] * 3
     seq = [p + e for p, e in zip(prefix, ext)]
-    kb, vb, r2t, rows = _paged_cache(gen, seq, KV_HEADS, DIM, DIM, torch.float32)
+    kb, vb, r2t, rows = paged_cache(gen, seq, KV_HEADS, DIM, DIM, torch.float32)
     tokens = sum(ext)
     q, k, v = _fused(gen, tokens)
     loc = torch.cat([r2t[r, p : p + e].long() for r, p, e in zip(rows.tolist(), prefix, ext)])
-    trees = torch.stack([_random_tree(gen, n) for _ in seq])
+    trees = torch.stack([random_tree(gen, n) for _ in seq])
     ext_t = torch.tensor(ext, dtype=torch.int32)
     starts = torch.cumsum(ext_t, 0) - ext_t
     mask = trees if ragged else trees.reshape(-1)
@@ -88,7 +88,7 @@ def test_verify_plan_is_bit_identical_to_the_extend_op(ragged):
     batch = SimpleNamespace(forward_mode=_Mode("verify"), out_cache_loc=loc,
                             req_pool_indices=rows, seq_lens=torch.tensor(prefix))
     kb2, vb2 = kb.clone(), vb.clone()
-    with _impl("native"):
+    with attention_impl("native"):
         plan = step_plan.plan_step(_backend(r2t, meta), batch, kb, vb, tokens)
         got = plan.attend(q, k, v, kb, vb, 0.35)
         # sglang's verify: the K/V written by the pool first, then the op
@@ -104,14 +104,14 @@ def test_verify_plan_is_bit_identical_to_the_extend_op(ragged):
 
 def test_no_plan_where_the_general_path_is_needed():
     gen = torch.Generator().manual_seed(5)
-    kb, vb, r2t, rows = _paged_cache(gen, [3], KV_HEADS, DIM, DIM, torch.float32)
+    kb, vb, r2t, rows = paged_cache(gen, [3], KV_HEADS, DIM, DIM, torch.float32)
     batch = SimpleNamespace(forward_mode=_Mode("decode"), out_cache_loc=torch.tensor([0]),
                             req_pool_indices=rows, seq_lens=torch.tensor([3]))
-    with _impl("torch"):  # native attention off
+    with attention_impl("torch"):  # native attention off
         assert step_plan.plan_step(_backend(r2t), batch, kb, vb, 1) is None
     if attention._native is None:
         return
-    with _impl("native"):
+    with attention_impl("native"):
         assert step_plan.plan_step(_backend(r2t), batch, kb.half(), vb.half(), 1) is None
         assert step_plan.plan_step(_backend(r2t), batch, kb.bfloat16(), vb, 1) is None
         drafting = _backend(r2t)

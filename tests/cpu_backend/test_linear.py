@@ -276,7 +276,7 @@ def test_bad_mode_names_the_value(monkeypatch):
 _SHARED_POOL_SCRIPT = """
 import os, torch
 from rhyme_sglang.cpu_backend import attention, linear
-from tests.cpu_backend.test_attention_parity import _impl, _paged_cache
+from tests.cpu_backend.helpers import attention_impl, paged_cache
 from rhyme_sglang.machine import set_kernel_threads
 
 def tasks():
@@ -287,14 +287,14 @@ weight, x = torch.randn(300, 64, generator=gen), torch.randn(2, 64, generator=ge
 panels = linear.native_pack(weight)
 out = torch.empty(2, 300)
 seq = [40, 7, 19, 33, 12, 25, 9, 30]
-k_buffer, v_buffer, req_to_token, rows = _paged_cache(gen, seq, 2, 64, 64, torch.float32)
+k_buffer, v_buffer, req_to_token, rows = paged_cache(gen, seq, 2, 64, 64, torch.float32)
 q = torch.randn(len(seq), 6, 64, generator=gen)
 o = torch.zeros(len(seq), 6, 64)
 before = tasks()
 linear._native.gemm(x.data_ptr(), panels.data_ptr(), 0, out.data_ptr(), 2, 300, 64, 4)
 after_gemm = tasks()
 set_kernel_threads(4)
-with _impl("native"):
+with attention_impl("native"):
     attention.decode_attention_cpu(q, k_buffer, v_buffer, 1.0, 1.0, o, None, None, None, None,
                                    req_to_token, rows, torch.tensor(seq), 0.125, 0.0, False, 0,
                                    None, None)

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rhyme_sglang.cpu_backend import small_ops
+from tests.cpu_backend.helpers import run_python
 
 pytestmark = pytest.mark.skipif(small_ops._native is None, reason="_rhyme_ops is not built")
 
@@ -102,9 +103,8 @@ def test_patched_sglang_layers_equal_their_own_ops():
     """sglang's RMSNorm and RotaryEmbedding, patched by the CPU backend in a fresh process, give
     what their own PyTorch path gives (``RHYME_CPU_SMALL_OPS=torch``), and leave a variant
     they do not implement to sglang."""
-    from tests.cpu_backend.test_bootstrap import _run
 
-    r = _run("""
+    r = run_python("""
         import os
         os.environ["SGLANG_USE_CPU_ENGINE"] = "1"
         from rhyme_sglang import cpu_backend

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.engine]
 
 
 def _check_one_dtype(report: dict) -> None:

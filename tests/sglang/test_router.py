@@ -24,7 +24,7 @@ import pytest
 from rhyme_sglang.core import prompt_key
 from rhyme_sglang.server_process import RouterProcess, ServerProcess, get, post
 
-pytestmark = [pytest.mark.sglang, pytest.mark.slow]
+pytestmark = [pytest.mark.sglang, pytest.mark.slow, pytest.mark.server]
 pytest.importorskip("sglang_router", reason="sglang-router is not installed (make setup)")
 
 PROMPTS = {f"p{i}": [1 + i, 17, 23 + 3 * i, 5, 40 + i, 9] for i in range(4)}

@@ -10,7 +10,7 @@ import pytest
 from rhyme_sglang.server_process import ServerProcess as Server
 from rhyme_sglang.server_process import get, post
 
-pytestmark = pytest.mark.sglang
+pytestmark = [pytest.mark.sglang, pytest.mark.server]
 
 
 @pytest.fixture(scope="module")
