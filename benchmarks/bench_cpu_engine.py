@@ -42,9 +42,9 @@ from benchmarks.common import write_json
 PLAIN_BATCHES = (1, 2, 4, 8, 16, 32)
 THROUGHPUT_BATCHES = (1, 8, 32)
 VERIFY_ROOFLINE_BATCHES = (1, 2, 4, 8)
-# Rounds per batch of the vanilla server; its best is kept. Stop 38 measured a batch-1 plain step
-# of 35-36 ms in two runs' single round, which probes of the same server never reproduced
-# (25-29 ms): one round of a time-shared 2-core machine is not a step's cost.
+# Rounds per batch of the vanilla server; its best is kept: one round on a time-shared 2-core
+# machine is not a step's cost (a single round once read a batch-1 plain step of 35-36 ms that
+# probes of the same server never reproduced: 25-29 ms).
 PLAIN_REPEATS = 2
 
 
@@ -137,10 +137,10 @@ def rhyme_server(model_path: str, dtype: str, vocab: int, prompt_len: int, new_t
     so each verify step is the issue's tree of ``width + 1`` tokens per request. The verify
     cost is the median of the perfect-history round's steps (:func:`median_verify_step`; the
     cost model's average where too few ran); the plain cost is the vanilla server's measured
-    plain step at that batch (``vanilla_step_s``, per whole step; ``plain_source``). Stop 31
-    read both from the adaptive engine instead: its per-request widths ran "width 8" steps
-    with a few rows, and its plain steps were few and slow after idle gaps, so the ratios
-    swung from 0.87 to 6.2 between neighbouring batch sizes."""
+    plain step at that batch (``vanilla_step_s``, per whole step; ``plain_source``). Neither is
+    read from the adaptive engine: its per-request widths run "width 8" steps with a few rows,
+    and its plain steps are few and slow after idle gaps (the ratios swung from 0.87 to 6.2
+    between neighbouring batch sizes)."""
     from rhyme_sglang.server_process import ServerProcess, get, post
 
     # --rhyme-cost-cache 0: no earlier engine's saved table

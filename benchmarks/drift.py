@@ -1,6 +1,6 @@
 """A ``bench_rollout`` report's makespans with each timed run's plain-step speed levelled.
 
-On a shared 2-core machine a decode step's speed drifts 15-30% within minutes (stop 46: two
+On a shared 2-core machine a decode step's speed drifts 15-30% within minutes (two
 RHYME rounds of one epoch, one after the other, ran their batch-1-2 plain steps at 65.8 and
 49.2 ms), more than RHYME's prefill lead moves a makespan. Every mode of one report decodes
 the same answers, so its plain steps at a given running batch do the same work in every run.
@@ -10,7 +10,7 @@ by what those steps took; the run's makespan times that factor is its makespan a
 speed. Runs without plain steps (NGRAM, RHYME at a fixed width) are left out.
 
 Bias, stated: a RHYME plain step's time includes its draft lookups and decision (about 1 ms a
-step at batch 1-2 in stop 46's runs), so levelling also removes that cost from RHYME and the
+step at batch 1-2 in the runs measured), so levelling also removes that cost from RHYME and the
 levelled ratio is an upper estimate of RHYME's; read it beside the raw ratio, not instead.
 
     python -m benchmarks.drift out/rollout_*.json [--json OUT]

@@ -89,7 +89,7 @@ def jobs(user_marks: str = "") -> list[tuple[str, list[str]]]:
 def run_order(lanes: int, user_marks: str = "") -> list[tuple[str, list[str]]]:
     """One lane: shortest first, so a failure shows early. Several lanes: the shortest job
     first, then longest first (LPT): the short job shares the machine at the start instead of
-    running alone at the end on a half-idle machine (stop 30, 2 cores: the unit job alone for
+    running alone at the end on a half-idle machine (2 cores: the unit job alone for
     the last 1:39 of 16:43)."""
     order = jobs(user_marks)
     return order[::-1] if lanes == 1 else order[-1:] + order[:-1]

@@ -16,7 +16,7 @@ batch are attended together, with no per-request Python loop:
    measured faster than matmul + softmax and a per-KV-head loop, and equal to 3e-7 in fp32);
    half-precision inputs are attended in float32, as the per-request reference did; a logit
    soft-cap, which SDPA lacks, goes through matmul + tanh + softmax. Outputs are written in place.
-   Attending bf16 in bf16 was measured and rejected (stop 24, AMX Xeon, one thread): SmolLM2
+   Attending bf16 in bf16 was measured and rejected (AMX Xeon, one thread): SmolLM2
    decode at batch 32 went from ~275 to ~200 ms a step, but SDPA's bf16 kernels round
    differently at one query row (decode) and at several (verify), and the tiny model's bf16
    NGRAM greedy output then left plain decoding's at token 38: not lossless.

@@ -1,7 +1,7 @@
 """sglang's Llama and Qwen2 decoder stacks for CPU decode and verify steps, without per-op dispatch.
 
-A SmolLM2-135M decode step at batch 1 spent ~60% of its time outside the GEMMs (stop 35,
-AVX2, 2 kernel threads): each of the 30 layers walks sglang's stage boundaries, the
+A SmolLM2-135M decode step at batch 1 spent ~60% of its time outside the GEMMs (AVX2,
+2 kernel threads): each of the 30 layers walks sglang's stage boundaries, the
 ``CustomOp``/``BaseFusedOp`` dispatch of its norms and rotary, the parallel-linear wrappers and
 the patched quant method, ``RadixAttention`` and a boxed ``torch.ops`` call into the attention.
 On a GPU CUDA graphs hide this; a CPU eager step pays it on every layer.

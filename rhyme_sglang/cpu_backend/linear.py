@@ -58,7 +58,7 @@ MEASURE_METHOD = "streamed-margin"  # in the cache key: choices measured another
 # Another kernel is chosen over the native one only when it is this much faster: where every
 # linear of a layer is native for a row bucket, the whole decoder step runs as one native call
 # (:mod:`.native_step`) instead of the Python layer loop, which costs about as much as the
-# layer's linears at 8 rows (stop 37: ~0.5 ms a layer; issue 52: bf16 SmolLM2 at batch 8 lost
+# layer's linears at 8 rows (~0.5 ms a layer; issue 52: bf16 SmolLM2 at batch 8 lost
 # its native step to a gate_up product 3% faster on oneDNN).
 NATIVE_MARGIN = 1.25
 _PACKABLE = (torch.float32, torch.bfloat16)
@@ -234,7 +234,7 @@ def measure_choice(out_features: int, in_features: int, dtype: torch.dtype,
     Measured as a model step runs its linears: back to back, each on a weight out of the
     caches. A pass calls the kernel on each of :func:`_copies` copies of the weight in turn;
     a kernel's time is its best pass over the number of copies. (Timing one call after
-    flushing the caches, as stop 35 did, also timed the wake-up of the kernel threads, which
+    flushing the caches also timed the wake-up of the kernel threads, which
     sleep during the flush but not between a step's calls, and so chose ``F.linear`` for
     one-row products that run 1.5-1.7x faster on the native kernel inside the model.)
     """

@@ -6,7 +6,7 @@ a verify's logits are ``bs * nodes`` rows). glibc's default policy decides by th
 has seen whether such a block comes from the heap or from its own ``mmap``, and gives freed
 memory at the heap's top back to the kernel once it exceeds twice that threshold. Depending
 on where a step's buffers land, the next step then maps them again, and every page of a fresh
-mapping costs a page fault and a zeroing. Measured (stop 40, 2-core AVX2 EPYC, fp32, batch 32
+mapping costs a page fault and a zeroing. Measured (2-core AVX2 EPYC, fp32, batch 32
 x 64 tokens, plain steps only): the RHYME scheduler took ~5000 minor faults a step (20 MB)
 where vanilla's took ~700, and its plain steps ran 17-24% slower than vanilla's with the same
 forward; with the settings below both take none and the gap is gone.

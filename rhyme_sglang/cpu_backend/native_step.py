@@ -3,7 +3,7 @@
 :func:`.lean_forward.forward` computes a DECODE or TARGET_VERIFY step layer by layer in
 Python, calling a native kernel ~10 times a layer. At batch 1 on a small model most of the
 step went to Python between those calls (argument handling, tensor allocation, dispatch: ~35-40%
-of a SmolLM2 batch-1 step, py-spy, stop 37). :func:`run` makes the same kernel calls, in the
+of a SmolLM2 batch-1 step, py-spy). :func:`run` makes the same kernel calls, in the
 same order on the same inputs, from one C++ loop, so it returns the same bits.
 
 It applies where the Python loop would call only native kernels: every linear's measured

@@ -28,7 +28,7 @@ CPU_DEFAULTS = {
 # and V, within [KV_POOL_MIN_TOKENS, KV_POOL_MAX_TOKENS] tokens. SGLang reserves KV for a
 # request's remaining max_new_tokens (times its new-token ratio) at admission, so the pool, not
 # --max-running-requests, set the batch of long-capped RL rollouts: 16384 tokens (the earlier
-# fixed default) ran 13-19 of 128 requests at 1024-token caps (bench_rollout run 11, stop 26).
+# fixed default) ran 13-19 of 128 requests at 1024-token caps in bench_rollout.
 # 2 GiB holds ~93k tokens of SmolLM2-135M in bf16 (23 KB a token), ~47k in fp32.
 KV_POOL_BYTES = 2 << 30
 KV_POOL_MIN_TOKENS = 16384

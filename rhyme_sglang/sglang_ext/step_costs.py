@@ -1,35 +1,27 @@
 """Measured decode-step costs kept across engine starts, per machine and model shape.
 
 The cost model (:class:`rhyme_sglang.core.cost_model.SpecCostModel`) learns the seconds of a
-decode step per (batch bucket, verify width) online. A fresh engine knows none of them: it
-runs plain decode until the plain cell is measured, then tries each promising width once per
-batch bucket, and those exploratory verify steps cost time wherever the drafts do not pay
-(stop 10 measured up to ~1 s of a 6.5 s batch-1 round). The RL loop's engines live long
-enough to amortise that; a server started per benchmark, a side-by-side or a restarted engine
-do not. So a RHYME engine with the cost model on keeps its table in
-``<cache>/rhyme_sglang/step_costs.json`` (``$XDG_CACHE_HOME`` or ``~/.cache``;
-``$RHYME_STEP_COSTS`` names another file) and the next engine on the same machine, model
-shape, dtype, threads and device starts from it (:meth:`SpecCostModel.seed`), then keeps
-measuring: every step it runs moves its cell (an EMA), so a stale table corrects itself.
+decode step per (batch bucket, verify width) online. A fresh engine knows none of them and
+pays for exploratory verify steps wherever drafts do not pay; a server started per benchmark,
+a side-by-side or a restarted engine does not live long enough to amortise that. Rules:
 
-Measured in stop 13 (``bench_serving``, SmolLM2 fp32, 2-core avx2): a warm start ran 82 verify
-steps where a cold one ran 115, but the throughput ratios to vanilla did not move beyond
-run-to-run noise; what it saves is the exploration, not more.
-
-The step seconds are kept with each cell's forward rows per request (a per-request verify
-cell's steps ran fewer nodes than its width: stop 31 found that a table saved without them
-made the next engine's seeded cells price a verify row at a third of what it cost, so it chose
-wide verifies that took 2.2 s a step against 0.3 s for a plain step; entries of that older
-format are ignored). Since stop 44 a cell's seconds are saved context-free, with the fitted
-cost of a context token and of a draft row's context token (``"context"``;
-:mod:`rhyme_sglang.core.context_fit`), so a table saved by a long-context rollout does not
-price a short chat's verifies (stop 42: batch-1 cells saved at contexts of ~1000 tokens read
-47-92 ms against a 25 ms plain step); entries of earlier formats are not read. The acceptance calibration belongs to a workload's history, not the
-machine. ``--rhyme-cost-cache 0`` (``rhyme_cost_cache=False``) turns it off; the
-benchmarks that measure the cost model itself (``bench_cpu_engine``) start without it.
-Writes are atomic (a temporary file replaced), at most every ``SAVE_EVERY_S`` seconds while
-decoding and when the engine shuts down; a file that cannot be read or written only costs
-the warm start.
+* A RHYME engine with the cost model on keeps its table in ``step_costs.json`` under the cache
+  root (:func:`rhyme_sglang.settings.cache_root`; ``RHYME_STEP_COSTS`` names another file).
+  The next engine with the same machine, model shape, dtype, threads (torch and kernel) and
+  device starts from it (:meth:`SpecCostModel.seed`) and keeps measuring: every step moves its
+  cell (an EMA), so a stale table corrects itself. What it saves is the exploration.
+* Each cell is saved with its forward rows per request (a per-request verify runs fewer nodes
+  than its width; a table without them prices a verify row at a fraction of its cost).
+* A cell's seconds are saved context-free, with the fitted cost of a context token and of a
+  draft row's context token (``"context"``; :mod:`rhyme_sglang.core.context_fit`), so a table
+  saved by a long-context rollout does not over-price a short chat's verifies. Entries of
+  earlier formats are not read.
+* The acceptance calibration belongs to a workload's history, not the machine: not saved.
+* ``--rhyme-cost-cache 0`` (``rhyme_cost_cache=False``) turns it off; the benchmarks that
+  measure the cost model itself (``bench_cpu_engine``) start without it.
+* Writes are atomic (a temporary file replaced), at most every ``SAVE_EVERY_S`` seconds while
+  decoding and when the engine shuts down; a file that cannot be read or written only costs
+  the warm start.
 """
 
 from __future__ import annotations
@@ -172,8 +164,8 @@ class StepCostCache:
             device = torch.cuda.get_device_name()
         from rhyme_sglang.machine import kernel_threads
 
-        # a verify's cost depends on both: its GEMMs run on the kernels' threads (stop 35:
-        # costs saved with 1 kernel thread kept a 2-thread engine from verifying)
+        # a verify's cost depends on both: its GEMMs run on the kernels' threads (costs saved
+        # with 1 kernel thread price a 2-thread engine's verifies too high)
         threads = f"{torch.get_num_threads()}/{kernel_threads()}"
         return cls(table_key(shape, server_args.dtype, threads, device),
                    about={"model": shape, "dtype": str(server_args.dtype), "threads": threads,

@@ -4,7 +4,7 @@
 //
 // Why: at batch 1 a SmolLM2-135M step is ~150 kernel calls of 10-400 us; from Python each
 // costs 10-40 us of argument handling, tensor allocation and dispatch (~35-40% of a batch-1
-// step, py-spy, stop 37, AVX2 EPYC). Here the loop runs in C++ with the GIL released once.
+// step, py-spy, AVX2 EPYC). Here the loop runs in C++ with the GIL released once.
 //
 // Lossless: it calls the very kernels the Python path (lean_forward.py) calls, through the
 // function tables the other modules publish (kernels.h), in the same order on the same

@@ -39,7 +39,7 @@ constexpr int kSpinMicros = 1000;
 // and waking a sleeping thread costs about as much as the work of a small call. 50 us let the
 // workers fall asleep inside a step: a batch-1 SmolLM2 step spent ~12% of its main thread in
 // the wake-up broadcast, and ran 44-63 ms against 38-55 ms with 1000 us (AVX2 EPYC, 2 kernel
-// threads, alternating runs, stop 37). After a step the workers sleep within 1 ms.
+// threads, alternating runs). After a step the workers sleep within 1 ms.
 inline bool spin_until(const std::function<bool()>& ready) {
     const auto stop = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
     for (int i = 1;; ++i) {

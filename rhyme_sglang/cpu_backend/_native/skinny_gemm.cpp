@@ -190,7 +190,7 @@ template <int W, int NR, typename S>
 // prefetches then stream the panel from memory while the others compute, instead of memory
 // idling while later tiles re-read a whole panel from L2. Storing a sum and loading it back is
 // exact, so each output is still one running sum over k in order. Measured on an AVX2 EPYC
-// (2 threads, stop 38), the 30 layers of SmolLM2 streamed from memory: 9 rows cost 1.22x one
+// (2 threads), the 30 layers of SmolLM2 streamed from memory: 9 rows cost 1.22x one
 // row before and 1.06x with blocks, 12 rows 1.41x and 1.13x, 18 rows 1.81x and 1.48x; at 24-32
 // rows both ways cost the same, and from 48 rows, or with the weights in cache (prefill), the
 // blocks' extra traffic made it slower (4096 rows: 160 -> 53 GFLOP/s), hence the bound.
