@@ -16,7 +16,7 @@ Modes (``MODES``): ``vanilla`` (plain decode), ``ngram`` (SGLang's NGRAM corpus,
 step verifies the full width as SGLang pads it), ``suffix`` (ArcticInference suffix decoding;
 needs scripts/build_arctic_suffix.sh), ``rhymerl`` (the RhymeRL recipe), ``rhyme`` (the
 DraftStore with the real cost model choosing plain or a width per step:
-``SpecCostModel.choose_width`` on ``draft.expected_accepts``, drafts cut by
+``SpecCostModel.decide`` on ``draft.expected_accepts``, drafts cut by
 ``draft.truncate``, with the engine's critical-path ``Horizon`` from each request's predicted
 length and the waiting queue unless ``--no-horizon``) and ``rhyme_fixed`` (the DraftStore at full width every step). suffix and
 rhymerl verify ragged drafts (each request its own draft; the step costs the table's cost at
@@ -235,8 +235,8 @@ class TraceStepper(Stepper):
             horizon = Horizon(tuple(remaining_tokens(r.predicted, r.done) for r in running),
                               self._queued)
             critical = self.cm.critical_expected(per_request, horizon)
-        w = self.cm.choose_width(batch, self.cm.batch_expected(per_request), calibrated=True,
-                                 horizon=horizon, critical=critical)
+        w = self.cm.decide(batch, expected=self.cm.batch_expected(per_request), calibrated=True,
+                           horizon=horizon, critical=critical).width
         return w, ([truncate(d, w) for d in drafts] if w else drafts), [e.get(w, 0.0) for e in per_request]
 
     def step(self, engine, running):

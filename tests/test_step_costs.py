@@ -36,10 +36,10 @@ def test_table_and_seed_round_trip():
         for w in fresh.candidates:
             assert fresh.step_time(bs, w) == model.step_time(bs, w)
     expected = {1: 0.3, 2: 0.6, 4: 0.9, 8: 1.0, 16: 1.0}
-    assert fresh.choose_width(4, expected) == PLAIN  # its own baseline first
+    assert fresh.decide(4, expected=expected).width == PLAIN  # its own baseline first
     fresh.observe_step(4, PLAIN, model.step_time(4, PLAIN))
     model.observe_step(4, PLAIN, model.step_time(4, PLAIN))
-    assert fresh.choose_width(4, expected) == model.choose_width(4, expected)
+    assert fresh.decide(4, expected=expected).width == model.decide(4, expected=expected).width
 
 
 def test_ragged_cells_keep_their_rows_through_the_file(cost_file):
@@ -138,10 +138,10 @@ def test_cache_seeds_a_new_engine_and_saves_rate_limited(cost_file):
     assert second.seed(warm) == 1 and warm.step_time(2, PLAIN) == pytest.approx(0.1)
     # a warm model measures its own plain baseline first, as a cold one does (a seed is a
     # prior), then keeps the seeded cells instead of exploring them anew
-    assert warm.choose_width(2, {1: 1.5}) == PLAIN
+    assert warm.decide(2, expected={1: 1.5}).width == PLAIN
     warm.observe_step(2, PLAIN, 0.1)
     warm.observe_step(2, 1, 0.11)
-    assert warm.choose_width(2, {1: 1.5}) == 1
+    assert warm.decide(2, expected={1: 1.5}).width == 1
     # a later engine's measurements replace the saved cell (one step moves it at most x2);
     # cells it never ran are kept
     warm.observe_step(2, PLAIN, 0.3)

@@ -10,8 +10,8 @@ between its cells (a step costs a fixed part plus a part per token, so seconds p
 fall with batch size: a cell measured at 17 requests overstates 32 requests' cost when scaled
 per request), and a calibration factor between the draft store's predicted acceptance (sums
 of draft path probabilities) and what verification accepted
-(:mod:`rhyme_sglang.core.calibration`). :meth:`SpecCostModel.choose_width` returns the width
-with the most expected tokens per second::
+(:mod:`rhyme_sglang.core.calibration`). :meth:`SpecCostModel.decide` picks the width with
+the most expected tokens per second::
 
     rate(w) = (bs + calibration * expected[w]) / seconds(bs, w)
 
@@ -19,7 +19,7 @@ A cell never measured is estimated from a curve of seconds vs tokens per forward
 every measured cell (linear interpolation; beyond the last point, proportional). Unmeasured
 cells are tried once when their estimate is within ``explore_within`` of the best known rate.
 
-Per-request widths (a ragged verify): :meth:`SpecCostModel.choose_rows` takes, from every
+Per-request widths (a ragged verify, ``decide(gains=...)``) take, from every
 draft node of the batch, the most probable ones, as many as maximise::
 
     rate(K) = (bs + sum of the K largest calibrated node probabilities) / seconds(bs, K rows)
@@ -29,32 +29,18 @@ cell and its verify cells; each cell also keeps (as an EMA) the tokens its steps
 so a cell stands for the ragged steps it measured. Its cell is the smallest width that holds
 the step's largest request.
 
-Probes: the decision learns only from the verifies it runs, so in each batch bucket a verify
-is run whenever ``probe_every`` decode steps of that bucket (rested steps included:
-:meth:`SpecCostModel.tick`) passed without one while some request's drafts are predicted, at
-face value (``raw``: before calibration), to accept at least ``probe_tokens``. A probe
-verifies the batch's draft nodes whose face-value gain is at least ``probe_gain``, best
-first, at most ``max(batch size, largest width)`` rows times the bucket's probe size,
-whatever the cost table says: the table can be wrong too (a verify's fixed cost measured on
-one draft row reads as that row's cost, and every larger verify then looks too slow to try),
-and probes of more rows re-measure it. A probe that accepts at least half its face-value
-prediction (:meth:`SpecCostModel.probe_outcome`) doubles the bucket's probe size (up to the
-largest width) and halves its probe interval (down to ``probe_every_min``); one that does
-not resets both. So on useless drafts at most one step in ``probe_every`` of a bucket is a
-probe, of at most twice the batch's tokens; on good drafts the probes grow until the
-decision verifies again (tests/core/test_speculation_recovers.py states the bound).
+Probes (:mod:`rhyme_sglang.core.probes`): where a bucket ran no verify for a while and the
+drafts look good at face value, a verify runs whatever the table says, so a wrong table is
+re-measured.
 
 A step's useful tokens can be capped by the rollout's critical path (a
 :class:`rhyme_sglang.core.horizon.Horizon`, optional; see that module).
 
 The table must not be poisoned by one bad step, because a cell that looks slow is never
-chosen again and so never corrected: on a 2-core CPU a batch-32 plain-decode cell read 1.54 s
-where vanilla's steps took 0.49 s, and RHYME then verified every step of that bucket at x0.63
-of vanilla's throughput. So:
+chosen again and so never corrected. So:
 
-* a measurement moves a cell at most ``max_jump`` times its current value (a one-off stall,
-  a weight repack or a neighbour's burst, cannot multiply a cell by 10; a lasting change still
-  gets there in a few steps);
+* a measurement moves a cell at most ``max_jump`` times its current value (a one-off stall
+  cannot multiply a cell by 10; a lasting change still gets there in a few steps);
 * every ``reexplore_every`` decisions the stalest alternative of the bucket (the measured
   cell this model observed longest ago, or never: seeded cells count as never) is chosen
   instead of the best, so every competitive cell is refreshed, the plain baseline always
@@ -63,12 +49,13 @@ of vanilla's throughput. So:
 * a verify is judged against plain steps this model measured at the batch size, or within
   ``baseline_near`` of it (a plain step is run first where there are none), never against a
   cell extrapolated from other sizes, and where a verify wins by less than ``close_call``
-  the bucket's plain step is re-run every ``close_refresh`` decisions (stop 39: a plain cell
-  measured in one slow round kept width-1 verifies chosen for the next two at batch 16,
-  49 ms a step against plain steps of 38-39 ms); a seeded cell is a prior that its first
-  measurement replaces (stop 14: seeds from an earlier run
-  read a batch-16 plain step at 0.56 s against vanilla's 0.38-0.39 s, and at alpha 0.2 the
-  engine's own measurements took many refreshes to pull it down).
+  the bucket's plain step is re-run every ``close_refresh`` decisions; a seeded cell is a
+  prior that its first measurement replaces.
+
+Every decision comes back as a :class:`Decision` (:meth:`SpecCostModel.decide`); the model
+keeps no "last decision" state. Calibration (the shared factor by prediction level, times a
+request's own evidence) is applied here only: :meth:`SpecCostModel.node_gains`,
+:meth:`SpecCostModel.batch_expected`, :meth:`SpecCostModel.expected_at`.
 
 Standard library and numpy.
 """
@@ -76,16 +63,33 @@ Standard library and numpy.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
 from rhyme_sglang.core.calibration import PRIOR_VERIFIES, AcceptanceCalibration
 from rhyme_sglang.core.horizon import Horizon
 from rhyme_sglang.core.node_search import DraftNodes, best_prefix
+from rhyme_sglang.core.probes import ProbeClock, probe_counts, probe_width
 from rhyme_sglang.core.step_table import PLAIN, StepCostTable, bucket_of
 
-__all__ = ["PLAIN", "SpecCostModel", "bucket_of", "check_widths", "default_widths"]
+__all__ = ["PLAIN", "Decision", "SpecCostModel", "bucket_of", "check_widths", "default_widths"]
+
+
+class Decision(NamedTuple):
+    """One decode step's decision (:meth:`SpecCostModel.decide`)."""
+
+    width: int  # the step's cell: 0 (plain) or a verify width
+    counts: Optional[List[int]] = None  # per-request draft nodes (ragged); None: all at ``width``
+    # why: "best", "explore" (a cell not yet run here), "reexplore" (the stalest cell, every
+    # reexplore_every decisions), "close_call", "probe", "baseline" (plain measured first),
+    # or the caller's own ("fixed", "cycle", "rest")
+    reason: str = "best"
+    # the best verify rate over the plain rate (0: no verify had a gain; None: plain was
+    # chosen to measure it); the worker skips drafting after clear losses
+    advantage: Optional[float] = 0.0
+    promising: bool = False  # the drafts would have allowed a probe
+    probe_predicted: float = 0.0  # a probe's face-value expected accepted drafts
 
 
 def check_widths(widths: Sequence[int], max_width: Optional[int] = None) -> Tuple[int, ...]:
@@ -119,7 +123,7 @@ class SpecCostModel:
     explore_within: float = 0.5  # try an unmeasured cell if its estimate >= this * best rate
     calibration_decay: float = 0.02  # weight of one request's verify in the calibration's sums
     calibration_prior: float = PRIOR_VERIFIES  # verifies' worth of each calibration factor's prior
-    probe_every: int = 32  # a bucket's decode steps without a verify before a probe (module docstring)
+    probe_every: int = 32  # a bucket's decode steps without a verify before a probe (core/probes.py)
     probe_tokens: float = 1.0  # ... when a request's drafts predict at least this many accepted
     probe_gain: float = 0.5  # a probe verifies the nodes with at least this face-value gain
     probe_every_min: int = 4  # the shortest probe interval, after probes that succeeded
@@ -130,17 +134,7 @@ class SpecCostModel:
     _decisions: int = 0  # the clock the step table's measurements are stamped with
     _calibration: AcceptanceCalibration = field(init=False)
     steps: StepCostTable = field(init=False, repr=False)  # the measured step costs
-    # the last decision's best verify rate over the plain rate (0: no verify had a gain;
-    # None: plain was chosen to measure it); the worker skips drafting after clear losses
-    last_advantage: Optional[float] = None
-    # why the last decision chose what it did: "best", "explore" (a cell not yet run here),
-    # "reexplore" (the stalest cell, every reexplore_every decisions), "close_call", "probe"
-    last_reason: str = "best"
-    # bucket -> [decode steps of the bucket, that count at its last verify, probe interval,
-    # probe size]
-    _probe_clock: Dict[int, list] = field(default_factory=dict, repr=False)
-    last_probe_predicted: float = 0.0  # the last probe's face-value expected accepted drafts
-    last_promising: bool = False  # the last decision's drafts would have allowed a probe
+    probes: ProbeClock = field(init=False, repr=False)  # per bucket: when a probe is due
 
     def __post_init__(self) -> None:
         self.widths = check_widths(self.widths)
@@ -160,9 +154,7 @@ class SpecCostModel:
                              f"{self.close_call} and {self.close_refresh}")
         if not 0.0 <= self.baseline_near < 1.0:
             raise ValueError(f"baseline_near must be in [0, 1), got {self.baseline_near}")
-        if not 1 <= self.probe_every_min <= self.probe_every:
-            raise ValueError(f"need 1 <= probe_every_min <= probe_every, got "
-                             f"{self.probe_every_min} and {self.probe_every}")
+        self.probes = ProbeClock(self.probe_every, self.probe_every_min, self.widths[-1])
         self.steps = StepCostTable(self.widths, self.alpha, self.max_jump, self.baseline_near)
 
     @property
@@ -191,42 +183,9 @@ class SpecCostModel:
         self.steps.observe(batch_size, width, seconds, rows, now=self._decisions, keys=keys,
                            row_keys=row_keys)
         if width != PLAIN:
-            self.verified(batch_size)
+            self.probes.verified(batch_size)
 
     # ------------------------------------------------------------------ probes
-    def _clock(self, batch_size: int) -> list:
-        return self._probe_clock.setdefault(bucket_of(batch_size), [0, 0, self.probe_every, 1])
-
-    def tick(self, batch_size: int) -> None:
-        """Count a decode step of ``batch_size`` requests on the probe clock (every step:
-        :meth:`choose_rows` and :meth:`choose_width` call it, the caller calls it for a step
-        that did not ask them, e.g. one that skipped drafting)."""
-        self._clock(batch_size)[0] += 1
-
-    def verified(self, batch_size: int) -> None:
-        """A verify ran at ``batch_size``: its bucket's probe clock starts again."""
-        clock = self._clock(batch_size)
-        clock[1] = clock[0]
-
-    def probe_due(self, batch_size: int) -> bool:
-        """Whether the bucket's probe interval passed without a verify."""
-        steps, last, every, _ = self._clock(batch_size)
-        return steps - last >= every
-
-    def probe_wanted(self, batch_size: int) -> bool:
-        """Whether a probe is due at this batch size and the last decision's drafts were good
-        enough for one (a step that skips drafting should draft instead)."""
-        return self.last_promising and self.probe_due(batch_size)
-
-    def probe_outcome(self, batch_size: int, accepted: int) -> None:
-        """The probe just run at ``batch_size`` accepted ``accepted`` drafts: at least half of
-        :attr:`last_probe_predicted` grows the bucket's probes, less resets them."""
-        clock = self._clock(batch_size)
-        if accepted >= 0.5 * self.last_probe_predicted:
-            clock[2] = max(clock[2] // 2, self.probe_every_min)
-            clock[3] = min(2 * clock[3], self.widths[-1])
-        else:
-            clock[2], clock[3] = self.probe_every, 1
 
     def forget_acceptance(self, keep: float = 0.5) -> None:
         """The history changed (new epoch, imported history, new weights): keep ``keep`` of
@@ -290,7 +249,7 @@ class SpecCostModel:
         """``{width: the batch's calibrated expected accepted drafts}`` from each request's
         ``{width: predicted}`` (:func:`rhyme_sglang.core.draft.expected_accepts`), each
         request's times its ``factors[i]`` when given (its own evidence); pass it to
-        :meth:`choose_width` with ``calibrated=True``."""
+        :meth:`decide` with ``calibrated=True``."""
         out = {w: 0.0 for w in self.widths}
         for i, request in enumerate(per_request):
             factor = 1.0 if factors is None else factors[i]
@@ -303,7 +262,7 @@ class SpecCostModel:
                           factors: Optional[Sequence[float]] = None) -> Dict[int, float]:
         """``{width: calibrated expected accepted drafts}``, the mean over ``horizon``'s
         critical requests (``per_request`` and ``factors`` as for :meth:`batch_expected`,
-        sequences in batch order); pass it to :meth:`choose_width` as ``critical``."""
+        sequences in batch order); pass it to :meth:`decide` as ``critical``."""
         critical = horizon.critical()
         out = {w: 0.0 for w in self.widths}
         for i in critical:
@@ -332,153 +291,125 @@ class SpecCostModel:
             out[w] = None if not seconds else tokens / seconds
         return out
 
-    def choose_width(self, batch_size: int, expected: Mapping[int, float],
-                     calibrated: bool = False, horizon: Optional[Horizon] = None,
-                     critical: Optional[Mapping[int, float]] = None,
-                     contexts: Optional[Sequence[int]] = None,
-                     raw: Optional[Mapping[int, float]] = None) -> int:
-        """The width for one decode step: 0 (plain) or a verify width.
 
-        ``expected[w]``: the batch's summed expected accepted draft tokens when each request
-        verifies its ``w`` most probable draft nodes (missing widths count as 0): the store's
-        predictions (scaled here by the overall calibration), or already calibrated per
-        request (:meth:`batch_expected`) with ``calibrated=True``. With a ``horizon``, rates
-        count useful tokens only (module docstring); ``critical[w]``: the critical requests'
-        mean expected accepted drafts, in the same form as ``expected`` (missing = none
-        accepted; :meth:`critical_expected` gives the calibrated form). ``contexts``: each
+    def node_gains(self, probs: Sequence[float], factor: float = 1.0) -> List[float]:
+        """Calibrated expected acceptance of each of one request's draft nodes from their path
+        probabilities ``probs`` (best-first): the calibration's at the whole draft's level,
+        times ``factor`` (the request's own evidence, :class:`RequestEvidence`)."""
+        predicted = sum(probs)
+        if predicted <= 0:
+            return []
+        scale = self.calibrated(predicted) / predicted * factor
+        return [p * scale for p in probs]
+
+    def expected_at(self, predicted: float, level: float) -> float:
+        """Calibrated expected accepted drafts of verified nodes the store predicts
+        ``predicted`` accepted, from a draft whose whole prediction was ``level``."""
+        return predicted and predicted * (self.calibrated(level) / level)
+
+    def decide(self, batch_size: int, *, gains: Optional[Sequence[Sequence[float]]] = None,
+               expected: Optional[Mapping[int, float]] = None, calibrated: bool = False,
+               critical: Optional[Mapping[int, float]] = None,
+               horizon: Optional[Horizon] = None, contexts: Optional[Sequence[int]] = None,
+               raw=None) -> Decision:
+        """The decision for one decode step of ``batch_size`` requests; give exactly one of:
+
+        * ``gains`` (a ragged verify): ``gains[i]``, request ``i``'s expected acceptance of
+          each of its draft nodes in best-first order (:meth:`node_gains`, non-increasing).
+          Under each width cap the step takes the nodes with the largest gains across the
+          batch, as many as maximise ``(batch_size + their summed gain) /
+          step_time_rows(batch_size, taken)``: a request with worthless drafts adds no rows.
+          The decision's ``counts[i]`` nodes of request ``i`` are verified (0: only its last
+          token) and ``width``, its cell, is the smallest width that holds the largest count.
+          With a ``horizon`` the nodes are also tried critical requests first.
+        * ``expected`` (one width for the batch): ``expected[w]``, the batch's summed expected
+          accepted drafts when each request verifies its ``w`` best nodes (missing widths: 0),
+          the store's predictions scaled here by the overall calibration, or already calibrated
+          (:meth:`batch_expected`) with ``calibrated=True``; ``critical[w]``: the critical
+          requests' mean, in the same form (:meth:`critical_expected`).
+
+        ``horizon``: rates count useful tokens only (module docstring). ``contexts``: each
         request's context tokens, which price the step's attention (unknown: its cells as
-        measured). ``raw``: ``expected`` at face value (the store's predictions, no
-        calibration), for probes (module docstring)."""
+        measured). ``raw``: ``gains`` (per request) or ``expected`` (per width) at face value,
+        no calibration, for probes (:mod:`rhyme_sglang.core.probes`). Plain is measured first
+        at each batch size; a cell never run here is tried once when its estimate is within
+        ``explore_within`` of the best known rate; the re-exploration rules of the module
+        docstring hold per cell. Counts the step on the probe clock."""
+        if (gains is None) == (expected is None):
+            raise ValueError("decide needs exactly one of gains (per request) or expected (per width)")
         if horizon is not None and len(horizon.remaining) != batch_size:
             raise ValueError(f"horizon has {len(horizon.remaining)} requests, batch has {batch_size}")
+        if gains is not None and len(gains) != batch_size:
+            raise ValueError(f"need one gain list per request ({batch_size}), got {len(gains)}")
         self._decisions += 1
-        self.tick(batch_size)
-        self.last_advantage, self.last_reason, self.last_promising = 0.0, "best", False
+        self.probes.tick(batch_size)
+        if gains is not None:
+            return self._decide_rows(batch_size, gains, horizon, contexts, raw)
+        return self._decide_width(batch_size, expected, calibrated, horizon, critical,
+                                  contexts, raw)
+
+    def _decide_width(self, bs: int, expected, calibrated, horizon, critical, contexts,
+                      raw) -> Decision:
         useful = [w for w in self.widths if expected.get(w, 0.0) > 0.0]
         if not useful:
-            return PLAIN
-        bucket = bucket_of(batch_size)
-        if not self.steps.baseline_measured(batch_size):
-            self.last_advantage, self.last_reason = None, "baseline"
-            return PLAIN  # measure the baseline at this batch size first (a seeded one too)
-        keys = _keys(contexts, batch_size)
-        rates = self.rates(batch_size, expected, calibrated, horizon, critical, keys=keys)
-        plain_rate = rates[PLAIN]
-        self.last_advantage = max((rates[w] or 0.0) for w in useful) / plain_rate
-        estimated, known = self._estimated_and_known(batch_size, {w: rates[w] for w in useful})
-        best_known = max([plain_rate] + list(known.values()))
-        for w in sorted(useful, key=lambda w: -(rates[w] or float("inf"))):
-            if w not in known and (rates[w] is None or rates[w] >= self.explore_within * best_known):
-                self.last_reason = "explore"
-                return w  # explore a promising cell once
-        scored = sorted(((r, w) for w, r in known.items() if r > self.margin * plain_rate),
-                        reverse=True)
-        ranking = [w for _, w in scored] + [PLAIN]
-        choice = self._maybe_reexplore(bucket, ranking[0], {PLAIN: plain_rate, **estimated})
-        self.last_promising = raw is not None and max(raw.values(), default=0.0) >= self.probe_tokens
-        if (choice == PLAIN and self.last_reason == "best" and self.last_promising
-                and self.probe_due(batch_size)):
-            self.last_reason = "probe"
-            width = self._probe_width(batch_size, raw)
-            self.last_probe_predicted = float(raw.get(width, 0.0))
-            return width
-        return choice
-
-    def choose_rows(self, batch_size: int, gains: Sequence[Sequence[float]],
-                    horizon: Optional[Horizon] = None,
-                    contexts: Optional[Sequence[int]] = None,
-                    raw: Optional[Sequence[Sequence[float]]] = None):
-        """Per-request verify widths for one decode step (a ragged verify): ``(width,
-        counts)``, where ``counts[i]`` draft nodes of request ``i`` are verified (0: only its
-        last token, as in a plain step) and ``width``, the step's cell, is the smallest of
-        :attr:`widths` that holds the largest count (0 with every count 0: a plain step).
-
-        ``gains[i]``: request ``i``'s expected acceptance of each of its draft nodes in
-        best-first order (calibrated path probabilities, non-increasing). Under each width
-        cap the step takes the nodes with the largest gains across the batch, as many as
-        maximise ``(batch_size + their summed gain) / step_time_rows(batch_size, taken)``:
-        a request with worthless drafts adds no rows, one with confident drafts adds many.
-        With a ``horizon`` the numerator is the step's useful tokens (module docstring), and
-        the nodes are also tried critical requests first, so a step may verify only the long
-        requests' drafts. The rules of :meth:`choose_width` hold per cell: plain is measured
-        first, a cell never measured at this bucket is tried once when its estimate is within
-        ``explore_within`` of the best known rate, and every ``reexplore_every`` decisions the
-        stalest other cell is run (the plain step, or the best allocation of that cell).
-        ``contexts``: each request's context tokens; a draft row then costs the table's row
-        plus its request's context times the fitted cost of a row's key (so the nodes of a
-        long request cost more than those of a short one). ``raw``: ``gains`` at face value
-        (the store's path probabilities, no calibration), for probes (module docstring)."""
-        self._decisions += 1
-        self.tick(batch_size)
-        bs = batch_size
-        if len(gains) != bs:
-            raise ValueError(f"need one gain list per request ({bs}), got {len(gains)}")
-        if horizon is not None and len(horizon.remaining) != bs:
-            raise ValueError(f"horizon has {len(horizon.remaining)} requests, batch has {bs}")
-        plain = (PLAIN, [0] * bs)
-        bucket = bucket_of(bs)
-        self.last_advantage, self.last_reason, self.last_promising = 0.0, "best", False
-        if not any(len(g) and g[0] > 0 for g in gains):
-            return plain
+            return Decision(PLAIN)
         if not self.steps.baseline_measured(bs):
-            self.last_advantage, self.last_reason = None, "baseline"
-            return plain  # measure the baseline at this batch size first (a seeded one too)
+            return Decision(PLAIN, reason="baseline", advantage=None)
+        rates = self.rates(bs, expected, calibrated, horizon, critical, keys=_keys(contexts, bs))
+        plain_rate = rates[PLAIN]
+        advantage = max((rates[w] or 0.0) for w in useful) / plain_rate
+        choice, reason = self._pick(bs, {w: rates[w] for w in useful}, plain_rate)
+        if reason == "explore":
+            return Decision(choice, None, reason, advantage)
+        promising = raw is not None and max(raw.values(), default=0.0) >= self.probe_tokens
+        if choice == PLAIN and reason == "best" and promising and self.probes.due(bs):
+            width = probe_width(bs, raw, self.widths, self.probe_gain, self.probes.cap(bs))
+            return Decision(width, None, "probe", advantage, promising, float(raw.get(width, 0.0)))
+        return Decision(choice, None, reason, advantage, promising)
+
+    def _decide_rows(self, bs: int, gains, horizon, contexts, raw) -> Decision:
+        plain = [0] * bs
+        if not any(len(g) and g[0] > 0 for g in gains):
+            return Decision(PLAIN, plain)
+        if not self.steps.baseline_measured(bs):
+            return Decision(PLAIN, plain, "baseline", None)
         keys = _keys(contexts, bs)
         plain_rate = (bs if horizon is None else horizon.useful(bs, 0.0)) / self.estimate(bs, PLAIN, keys)
         best = self._allocations(bs, gains, horizon, contexts, keys)
         if best is None:
-            return plain
+            return Decision(PLAIN, plain)
+        advantage, reason = 0.0, "best"
         if best:
-            self.last_advantage = max(r for r, _ in best.values()) / plain_rate
-            estimated, known = self._estimated_and_known(bs, {w: r for w, (r, _) in best.items()})
-            best_known = max([plain_rate] + list(known.values()))
-            for w in sorted(best, key=lambda w: -best[w][0]):
-                if w not in known and best[w][0] >= self.explore_within * best_known:
-                    self.last_reason = "explore"
-                    return w, best[w][1]  # explore a promising cell once
-            ranking = sorted(((r, w) for w, r in known.items() if r > self.margin * plain_rate),
-                             reverse=True)
-            choice = ranking[0][1] if ranking else PLAIN
-            choice = self._maybe_reexplore(bucket, choice, {PLAIN: plain_rate, **estimated})
+            advantage = max(r for r, _ in best.values()) / plain_rate
+            choice, reason = self._pick(bs, {w: r for w, (r, _) in best.items()}, plain_rate)
             if choice != PLAIN:
-                return choice, best[choice][1]
-        self.last_promising = raw is not None and max(
-            (sum(g) for g in raw), default=0.0) >= self.probe_tokens
-        if self.last_reason == "best" and self.last_promising and self.probe_due(bs):
-            counts, self.last_probe_predicted = self._probe_counts(bs, raw)
+                return Decision(choice, best[choice][1], reason, advantage)
+        promising = raw is not None and max((sum(g) for g in raw), default=0.0) >= self.probe_tokens
+        if reason == "best" and promising and self.probes.due(bs):
+            counts, predicted = probe_counts(bs, raw, self.widths, self.probe_gain,
+                                             self.probes.cap(bs))
             if any(counts):
-                self.last_reason = "probe"
-                return next(w for w in self.widths if w >= max(counts)), counts
-        return plain
+                width = next(w for w in self.widths if w >= max(counts))
+                return Decision(width, counts, "probe", advantage, promising, predicted)
+        return Decision(PLAIN, plain, reason, advantage, promising)
 
-    def _probe_cap(self, batch_size: int) -> int:
-        """The most draft rows a probe verifies at this batch size (module docstring)."""
-        return max(batch_size, self.widths[-1]) * self._clock(batch_size)[3]
-
-    def _probe_counts(self, bs: int, raw):
-        """``(counts, face-value expected accepted drafts)`` of a probe (module docstring):
-        the batch's nodes with a face-value gain of at least ``probe_gain``, best first, at
-        most :meth:`_probe_cap` (at least the best node)."""
-        nodes = DraftNodes(raw, self.widths[-1])
-        take = int(np.count_nonzero(nodes.gain >= self.probe_gain))
-        take = min(max(take, 1), self._probe_cap(bs), len(nodes.gain))
-        counts = np.bincount(nodes.request[:take], minlength=bs).tolist()
-        return counts, float(nodes.gain[:take].sum())
-
-    def _probe_width(self, bs: int, raw: Mapping[int, float]) -> int:
-        """A batch-wide probe's width: the widest whose added nodes gain at least
-        ``probe_gain`` each at face value, within :meth:`_probe_cap` rows."""
-        width, gained = self.widths[0], 0.0
-        for below, w in zip((0,) + self.widths, self.widths):
-            added = float(raw.get(w, 0.0)) - gained
-            if bs * w > self._probe_cap(bs) or added < self.probe_gain * bs * (w - below):
-                break
-            width, gained = w, float(raw.get(w, 0.0))
-        return width
+    def _pick(self, batch_size: int, rates: Mapping[int, Optional[float]], plain_rate: float):
+        """``(width, reason)`` among the verify cells' ``rates`` and plain: a promising cell
+        never run here once ("explore"), else the best known beating ``margin`` times plain
+        ("best"), with :meth:`_maybe_reexplore`'s exceptions."""
+        estimated, known = self._estimated_and_known(batch_size, rates)
+        best_known = max([plain_rate] + list(known.values()))
+        for w in sorted(rates, key=lambda w: -(rates[w] or float("inf"))):
+            if w not in known and (rates[w] is None or rates[w] >= self.explore_within * best_known):
+                return w, "explore"
+        scored = sorted(((r, w) for w, r in known.items() if r > self.margin * plain_rate),
+                        reverse=True)
+        choice = scored[0][1] if scored else PLAIN
+        return self._maybe_reexplore(bucket_of(batch_size), choice, {PLAIN: plain_rate, **estimated})
 
     def _allocations(self, bs: int, gains, horizon, contexts, keys: float):
         """``{cell width: (rate, counts)}``: under each width cap, the best-first draft nodes
-        of the batch that maximise the step's rate (:meth:`choose_rows`); None when a step's
+        of the batch that maximise the step's rate (:meth:`decide`); None when a step's
         time cannot be estimated."""
         nodes = DraftNodes(gains, self.widths[-1])
         times = self.steps.rows_times(bs, len(nodes.gain), keys)
@@ -534,40 +465,35 @@ class SpecCostModel:
 
     def _measured_here(self, bucket: int, width: int) -> bool:
         """Whether this model ran the cell. A seeded cell (another engine's measurement) is an
-        estimate until then: tried once when promising, like a cell never run (stop 42: a
-        batch-1 width-8 cell saved by a long-context rollout read 47 ms against 25 ms plain
-        steps, and ``bench_serving``'s short chats ran plain where a width-8 verify took 37 ms
-        in the stop before; resting drafting slowed the re-exploration clock)."""
+        estimate until then: tried once when promising, like a cell never run."""
         return self.steps.measured_at((bucket, width)) >= 0
 
-    def _maybe_reexplore(self, bucket: int, choice: int, rates: Mapping[int, float]) -> int:
-        """``choice``, except every ``reexplore_every`` decisions: the stalest other cell
-        (never observed here = stalest; ties: the plain baseline, then the best rate) among
-        the plain step, the verify cells whose rate is within ``explore_within`` of the best,
-        and seeded cells this model never measured. A measured cell far behind is not re-run:
-        on a 2-core CPU a batch-27 verify at width 16 took 2.2 s against 0.3 s for a plain
-        step, and one such refresh per 64 steps costs ~10% of the decode time. A cell that only
-        looks slow is bounded by ``max_jump`` per measurement, so one stall does not push it
-        out of reach. A seeded cell is run once however slow it reads: seeds come from earlier
-        engines, whose kernels may have been slower (stop 35: verify cells saved with one
-        kernel thread read 2-3x a plain step where a verify now costs 1.5x, and were never
-        run again)."""
+    def _maybe_reexplore(self, bucket: int, choice: int, rates: Mapping[int, float]):
+        """``(choice, "best")``, except for a close call (a verify winning by less than
+        ``close_call`` whose bucket ran no plain step for ``close_refresh`` decisions: plain,
+        "close_call") and every ``reexplore_every`` decisions: the stalest other cell
+        ("reexplore"; never observed here = stalest; ties: the plain baseline, then the best
+        rate) among the plain step, the verify cells whose rate is within ``explore_within``
+        of the best, and seeded cells this model never measured. A measured cell far behind
+        is not re-run (one slow verify per ``reexplore_every`` steps can cost ~10% of the
+        decode time); a cell that only looks slow is bounded by ``max_jump`` per measurement,
+        so one stall does not push it out of reach. A seeded cell is run once however slow it
+        reads: seeds come from earlier engines, whose kernels may have been slower."""
         plain_rate, rate = rates.get(PLAIN), rates.get(choice)
         if (choice != PLAIN and plain_rate and rate and rate < self.close_call * plain_rate
                 and self._decisions - self.steps.measured_at((bucket, PLAIN)) >= self.close_refresh):
-            self.last_reason = "close_call"
-            return PLAIN  # a close call: the baseline it hangs on is re-measured often
+            return PLAIN, "close_call"  # the baseline it hangs on is re-measured often
         if self._decisions % self.reexplore_every or len(rates) < 2:
-            return choice
+            return choice, "best"
         best = max(r or 0.0 for r in rates.values())
         alternatives = [w for w, r in rates.items() if w != choice
                         and (w == PLAIN or (r or 0.0) >= self.explore_within * best
                              or self.steps.measured_at((bucket, w)) < 0)]
         if not alternatives:
-            return choice
-        self.last_reason = "reexplore"
+            return choice, "best"
         return min(alternatives, key=lambda w: (self.steps.measured_at((bucket, w)), w != PLAIN,
-                                                -(rates[w] or 0.0)))
+                                                -(rates[w] or 0.0))), "reexplore"
+
 
     def as_dict(self) -> dict:
         return {

@@ -1,5 +1,5 @@
 """The batch's draft nodes as arrays, and the best prefix of a node order: the two pieces of
-:meth:`rhyme_sglang.core.cost_model.SpecCostModel.choose_rows` that run on every decode step
+:meth:`rhyme_sglang.core.cost_model.SpecCostModel.decide` that run on every decode step
 (at batch 32 x 16 nodes it scores hundreds of candidate steps).
 
 Standard library and numpy.

@@ -9,7 +9,7 @@ history (see :func:`on_batch_result`); the epoch advances after a weight update.
 
 Each decode step is a plain decode or a verify, chosen by the cost model. With ``ragged``
 (the default on CPU) each request of a verify gets its own width: the cost model takes the
-batch's most probable draft nodes wherever they are (``SpecCostModel.choose_rows``), so a
+batch's most probable draft nodes wherever they are (``SpecCostModel.decide``), so a
 request with worthless drafts adds no rows to the step's forward. sglang's verify keeps its
 ``[bs, n]`` layout (``n`` = the largest request's width + 1) and only the forward is ragged
 (:func:`step_kinds.ragged_verify`). Without it (GPU, overlap scheduling, ``ragged=False``)
@@ -36,7 +36,7 @@ from rhyme_sglang.core import DraftStore, group_leaders, lpt_group_order, prompt
 from rhyme_sglang.core.ordering import MIN_SHARED
 from rhyme_sglang.core.breakdown import decode_kind
 from rhyme_sglang.core.calibration import RequestEvidence
-from rhyme_sglang.core.cost_model import PLAIN, SpecCostModel, check_widths, default_widths
+from rhyme_sglang.core.cost_model import PLAIN, Decision, SpecCostModel, check_widths, default_widths
 from rhyme_sglang.core.draft_rest import DraftRest
 from rhyme_sglang.core.health import SpecHealth
 from rhyme_sglang.core.horizon import Horizon, remaining_tokens
@@ -141,6 +141,7 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         kinds = (PLAIN,) + self.widths  # cycle_widths: every ordered pair (a, b) in turn
         self._cycle, self._cycle_step = [x for a in kinds for b in kinds for x in (a, b)], -1
         self._pending_drafts = None  # drafts made while deciding, reused by the verify step
+        self._last_decision = Decision(PLAIN)  # the cost model's last: are probes wanted
         # per-request widths need the synchronous scheduler and the CPU backend's ragged
         # attention metadata (cpu_backend/patches.py)
         self.ragged = bool(self.config.ragged and not self.enable_overlap
@@ -174,14 +175,16 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         learned = self._widths_vary(batch) and not self.config.cycle_widths
         drafts = None
         if self._plain_only(batch) or (learned and self._resting(batch)):
-            width, counts = PLAIN, None
+            decision = Decision(PLAIN, reason="rest")
             if learned:
-                self.cost.tick(bs)  # resting steps count toward the next probe
+                self.cost.probes.tick(bs)  # resting steps count toward the next probe
         else:
             drafts = self._draft_batch(batch)
-            width, counts = self._choose_width(batch, drafts, contexts)
+            decision = self._choose_width(batch, drafts, contexts)
             if learned:
-                self.rest.decided(width, self.cost.last_advantage)
+                self._last_decision = decision
+                self.rest.decided(decision.width, decision.advantage)
+        width, counts = decision.width, decision.counts
         lens = None  # a ragged verify: each request's tree nodes
         decided = time.perf_counter()
         if width:
@@ -198,10 +201,10 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
                 result = super().forward_batch_generation(batch, on_publish, pp_proxy_tensors)
         # a verify's cell also carries its tree layout (only a verify pays for it)
         seconds = time.perf_counter() - decided
-        if width and drafts is not None and self.cost.last_reason == "probe":
-            self.cost.probe_outcome(bs, _accepted(result, bs))
+        if width and decision.reason == "probe":
+            self.cost.probes.outcome(bs, _accepted(result, bs), decision.probe_predicted)
         if self._decision_log is not None:
-            self._log_decision(batch, drafts, width, counts, contexts, seconds, result)
+            self._log_decision(batch, drafts, decision, contexts, seconds, result)
         if width in self._warm_widths:
             self.cost.observe_step(bs, width, seconds, rows, contexts, lens)
             if self.step_costs is not None:
@@ -209,7 +212,7 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         else:  # a width's first step in this process pays one-off set-up: not its cost
             self._warm_widths.add(width)
             if width:
-                self.cost.verified(bs)
+                self.cost.probes.verified(bs)
         self.stats.count_step(decode_kind(width))
         self._record_health(drafts, width)
         return result
@@ -223,11 +226,11 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         if self._decode_steps % 256 == 0:
             self.health.report(self.cost.calibration_at_bound())
 
-    def _log_decision(self, batch, drafts, width, counts, contexts, seconds, result) -> None:
+    def _log_decision(self, batch, drafts, decision, contexts, seconds, result) -> None:
         """Append the step's decision (width, reason, expected accepted drafts, estimated
         seconds of it and of a plain step, before this step's measurement) and its outcome
         (seconds, accepted drafts) to ``$RHYME_DECISION_LOG``."""
-        bs = len(batch.reqs)
+        bs, width, counts = len(batch.reqs), decision.width, decision.counts
         accepted = _accepted(result, bs) if width else 0
         gains = [self._gains([d.probs[i] for i in best_first_order(d)], r)
                  for d, r in zip(drafts, batch.reqs)] if drafts is not None else [[] for _ in range(bs)]
@@ -236,7 +239,7 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         gain, estimate = self.cost.predict(bs, gains, counts, contexts)
         _, plain = self.cost.predict(bs, gains, [0] * bs, contexts)
         line = {"pid": os.getpid(), "bs": bs, "width": width, "rows": bs + int(sum(counts)),
-                "reason": self.cost.last_reason if drafts is not None else "rest",
+                "reason": decision.reason,
                 "keys": int(sum(contexts)), "expected": round(gain, 4),
                 "estimate_s": estimate, "plain_estimate_s": plain,
                 "seconds": round(seconds, 6), "accepted": accepted}
@@ -265,35 +268,37 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         store does not track yet, or a probe wanted at this batch size, ends the rest."""
         with self.lock:
             new = any(req.rid not in self._tracked for req in batch.reqs)
-        return self.rest.resting(new or self.cost.probe_wanted(len(batch.reqs)))
+        bs = len(batch.reqs)
+        return self.rest.resting(new or (self._last_decision.promising and self.cost.probes.due(bs)))
 
     def _choose_width(self, batch, drafts, contexts=None):
         """``(width, counts)``: the step's width (0 = plain) and, for a ragged verify, each
         request's number of draft nodes (None: every request up to ``width``). The largest
         width when widths may not vary (:meth:`_widths_vary`)."""
         if not self._widths_vary(batch):
-            return self.max_width, None
+            return Decision(self.max_width, reason="fixed")
         if self.config.cycle_widths:
             self._cycle_step += 1
             width = self._cycle[self._cycle_step % len(self._cycle)]
             if not (self.ragged and width and self._cycle_step % 2):
-                return width, None
+                return Decision(width, reason="cycle")
             # every other step: request i verifies (i + step) % (width + 1) nodes (0 included)
-            return width, [(i + self._cycle_step) % (width + 1) for i in range(len(drafts))]
+            return Decision(width, [(i + self._cycle_step) % (width + 1) for i in range(len(drafts))],
+                            reason="cycle")
         horizon = self._horizon(batch) if self.config.horizon else None
         if self.ragged:
             raw = [[d.probs[i] for i in best_first_order(d)] for d in drafts]
             gains = [self._gains(p, r) for p, r in zip(raw, batch.reqs)]
-            return self.cost.choose_rows(len(batch.reqs), gains, horizon, contexts, raw=raw)
+            return self.cost.decide(len(batch.reqs), gains=gains, horizon=horizon,
+                                    contexts=contexts, raw=raw)
         per_request = [expected_accepts(d, self.widths) for d in drafts]
         factors = [self._evidence_factor(r) for r in batch.reqs]
         critical = None if horizon is None else \
             self.cost.critical_expected(per_request, horizon, factors)
         expected = self.cost.batch_expected(per_request, factors)
         raw = {w: sum(r.get(w, 0.0) for r in per_request) for w in self.widths}
-        return self.cost.choose_width(len(batch.reqs), expected, calibrated=True,
-                                      horizon=horizon, critical=critical,
-                                      contexts=contexts, raw=raw), None
+        return self.cost.decide(len(batch.reqs), expected=expected, calibrated=True,
+                                horizon=horizon, critical=critical, contexts=contexts, raw=raw)
 
     def _horizon(self, batch) -> Horizon:
         """The batch's predicted remainders and the waiting queue's predicted tokens (noted
@@ -318,11 +323,7 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
         """Calibrated expected acceptance of each of ``req``'s draft nodes from their path
         probabilities ``probs`` (best-first order): the shared calibration's, times the
         request's own evidence (:meth:`_evidence_factor`)."""
-        predicted = sum(probs)
-        if predicted <= 0:
-            return []
-        scale = self.cost.calibrated(predicted) / predicted * self._evidence_factor(req)
-        return [p * scale for p in probs]
+        return self.cost.node_gains(probs, self._evidence_factor(req))
 
     def _evidence_factor(self, req) -> float:
         """What ``req``'s own recent verifies accepted over what the calibration expected
@@ -392,8 +393,7 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
                 tracked.predicted = float(sum(draft.probs[:real]))
                 tracked.level = whole if self.ragged else tracked.predicted
                 if self.config.request_calibration:  # what its evidence is measured against
-                    tracked.expected = tracked.predicted and tracked.predicted * (
-                        self.cost.calibrated(tracked.level) / tracked.level)
+                    tracked.expected = self.cost.expected_at(tracked.predicted, tracked.level)
                 lens[i] = real + 1
         if not (self.ragged if ragged is None else ragged):
             return tokens.reshape(-1), masks.reshape(-1), None

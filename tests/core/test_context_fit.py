@@ -99,16 +99,16 @@ def test_a_verify_cell_measured_at_short_contexts_is_priced_at_long_ones():
     rates = m.rates(bs, expected, calibrated=True, keys=sum(long_))
     assert rates[1] == pytest.approx(truth_w1, rel=0.1)
     assert rates[PLAIN] == pytest.approx(truth_plain, rel=0.05)
-    assert m.choose_width(bs, expected, calibrated=True, contexts=long_) == PLAIN
+    assert m.decide(bs, expected=expected, calibrated=True, contexts=long_).width == PLAIN
     # without the contexts the cells read as measured, and the stale verify cell wins
     blind = _model_after([(b, w, c, s) for b, w, c, s in steps])
     for _ in range(5):
         blind.observe_step(bs, 1, true_seconds(bs, bs, short))
         blind.observe_step(bs, PLAIN, true_seconds(bs, 0, long_))
-    assert blind.choose_width(bs, expected, calibrated=True) != PLAIN
+    assert blind.decide(bs, expected=expected, calibrated=True).width != PLAIN
     # at short contexts the same drafts pay, and the context-aware model verifies
-    assert m.choose_width(bs, {w: 0.5 * bs for w in (1, 2, 4)}, calibrated=True,
-                          contexts=short) != PLAIN
+    assert m.decide(bs, expected={w: 0.5 * bs for w in (1, 2, 4)}, calibrated=True,
+                    contexts=short).width != PLAIN
 
 
 def test_ragged_rows_of_a_long_request_cost_more_than_a_short_ones():
@@ -122,7 +122,7 @@ def test_ragged_rows_of_a_long_request_cost_more_than_a_short_ones():
         m.observe_step(bs, 4, true_seconds(bs, sum(per), ctx, per), rows=sum(lens),
                        contexts=ctx, lens=lens)
     gains = [[0.6, 0.4, 0.3, 0.2], [0.6, 0.4, 0.3, 0.2]]
-    width, counts = m.choose_rows(bs, gains, contexts=ctx)
+    width, counts = m.decide(bs, gains=gains, contexts=ctx)[:2]
     assert width and counts[0] > counts[1]
 
 
@@ -137,7 +137,7 @@ def test_context_free_steps_read_as_before():
     with pytest.raises(ValueError, match="one context"):
         m.observe_step(4, PLAIN, 0.2, contexts=[1, 2])
     with pytest.raises(ValueError, match="one context"):
-        m.choose_width(4, {2: 1.0}, contexts=[1])
+        m.decide(4, expected={2: 1.0}, contexts=[1])
 
 
 def test_decisions_say_why_and_what_they_expect():
@@ -146,14 +146,14 @@ def test_decisions_say_why_and_what_they_expect():
     m = SpecCostModel(widths=(2,), reexplore_every=10_000)
     ctx = [300, 500]
     gains = [[0.9, 0.8], [0.9, 0.8]]
-    assert m.choose_rows(2, gains, contexts=ctx) == (PLAIN, [0, 0])
-    assert m.last_reason == "baseline"
+    d = m.decide(2, gains=gains, contexts=ctx)
+    assert d[:2] == (PLAIN, [0, 0]) and d.reason == "baseline"
     m.observe_step(2, PLAIN, 0.05, contexts=ctx)
-    width, counts = m.choose_rows(2, gains, contexts=ctx)
-    assert width == 2 and m.last_reason == "explore"
+    width, counts, reason = m.decide(2, gains=gains, contexts=ctx)[:3]
+    assert width == 2 and reason == "explore"
     m.observe_step(2, 2, 0.06, rows=2 + sum(counts), contexts=ctx, lens=[c + 1 for c in counts])
-    width, counts = m.choose_rows(2, gains, contexts=ctx)
-    assert width == 2 and m.last_reason == "best"
+    width, counts, reason = m.decide(2, gains=gains, contexts=ctx)[:3]
+    assert width == 2 and reason == "best"
     gain, seconds = m.predict(2, gains, counts, ctx)
     assert gain == pytest.approx(sum(sum(g[:c]) for g, c in zip(gains, counts)))
     # the explore step ran one row in 0.06 s against 0.05 s plain: 0.01 s a row

@@ -29,35 +29,35 @@ def test_buckets_and_widths():
 def test_measures_plain_first_then_explores_then_exploits():
     m = SpecCostModel(widths=(2, 8), reexplore_every=1000)
     expected = {2: 1.5 * 4, 8: 2.0 * 4}  # per-request 1.5 / 2.0 expected accepts, bs 4
-    assert m.choose_width(4, expected) == PLAIN
+    assert m.decide(4, expected=expected).width == PLAIN
     m.observe_step(4, PLAIN, 0.20)  # 20 tok/s
     # both verify cells unmeasured: the curve extrapolates proportionally from 4 tokens;
     # width 2 (12 tokens, est 0.6 s -> 16.7 tok/s) is within 0.5 of plain: explored first
-    assert m.choose_width(4, expected) == 2
+    assert m.decide(4, expected=expected).width == 2
     m.observe_step(4, 2, 0.24)  # (4 + 6) / 0.24 = 41.7 tok/s
     # width 8: 36 tokens, proportional beyond 12 tokens: 0.72 s -> 16.7 tok/s < 0.5 * 41.7
-    assert m.choose_width(4, expected) == 2
+    assert m.decide(4, expected=expected).width == 2
     m.observe_step(4, 8, 0.30)  # measured after all: (4 + 8) / 0.3 = 40 tok/s
-    assert m.choose_width(4, expected) == 2
-    assert m.choose_width(4, {2: 6.0, 8: 20.0}) == 8  # (4 + 20) / 0.3 = 80 > 41.7
-    assert m.choose_width(4, {2: 0.1, 8: 0.2}) == PLAIN  # 4.1 / 0.24 = 17 < 20
+    assert m.decide(4, expected=expected).width == 2
+    assert m.decide(4, expected={2: 6.0, 8: 20.0}).width == 8  # (4 + 20) / 0.3 = 80 > 41.7
+    assert m.decide(4, expected={2: 0.1, 8: 0.2}).width == PLAIN  # 4.1 / 0.24 = 17 < 20
 
 
 def test_worthless_drafts_mean_plain_decode():
     m = SpecCostModel()
-    assert m.choose_width(8, {w: 0.0 for w in m.widths}) == PLAIN
-    assert m.choose_width(8, {}) == PLAIN
+    assert m.decide(8, expected={w: 0.0 for w in m.widths}).width == PLAIN
+    assert m.decide(8, expected={}).width == PLAIN
 
 
 def test_calibration_scales_the_store_estimate():
     m = SpecCostModel(widths=(4,), reexplore_every=1000, alpha=1.0)
     m.observe_step(1, PLAIN, 0.01)
     m.observe_step(1, 4, 0.02)
-    assert m.choose_width(1, {4: 0.5}) == PLAIN  # 1.5 / 0.02 = 75 < 100
+    assert m.decide(1, expected={4: 0.5}).width == PLAIN  # 1.5 / 0.02 = 75 < 100
     for _ in range(4):  # the store under-predicts x4 (a prior of 4 verifies holds it at first)
         m.observe_acceptance(predicted=0.5, accepted=2)
     assert m.calibrated(0.5) > 1.0
-    assert m.choose_width(1, {4: 0.5}) == 4  # 2.36 / 0.02 = 118 > 100
+    assert m.decide(1, expected={4: 0.5}).width == 4  # 2.36 / 0.02 = 118 > 100
 
 
 def test_calibration_is_a_ratio_of_sums_not_of_heavy_tailed_ratios():
@@ -75,19 +75,19 @@ def test_reexplores_periodically_the_cells_within_reach():
     m = SpecCostModel(widths=(4,), reexplore_every=5)
     m.observe_step(1, 4, 0.02)  # 1.5 / 0.02 = 75 tok/s: behind plain's 100, within 0.5 of it
     m.observe_step(1, PLAIN, 0.01)
-    choices = [m.choose_width(1, {4: 0.5}) for _ in range(10)]
+    choices = [m.decide(1, expected={4: 0.5}).width for _ in range(10)]
     assert choices.count(4) == 2 and choices.count(PLAIN) == 8
     # a cell far behind (1.5 tok/s) is not re-run: it would cost a step 100x a plain one
     far = SpecCostModel(widths=(4,), reexplore_every=5)
     far.observe_step(1, 4, 1.0)
     far.observe_step(1, PLAIN, 0.01)
-    assert [far.choose_width(1, {4: 0.5}) for _ in range(10)] == [PLAIN] * 10
+    assert [far.decide(1, expected={4: 0.5}).width for _ in range(10)] == [PLAIN] * 10
     # the plain baseline is always refreshed, however far behind a verify it looks
     poisoned = SpecCostModel(widths=(4,), reexplore_every=5, alpha=1.0, max_jump=100.0)
     poisoned.observe_step(1, PLAIN, 0.01)
     poisoned.observe_step(1, 4, 0.01)
     poisoned.observe_step(1, PLAIN, 1.0)
-    assert PLAIN in [poisoned.choose_width(1, {4: 3.0}) for _ in range(5)]
+    assert PLAIN in [poisoned.decide(1, expected={4: 3.0}).width for _ in range(5)]
 
 
 def test_reexploring_refreshes_the_stalest_cell_plain_included():
@@ -100,7 +100,7 @@ def test_reexploring_refreshes_the_stalest_cell_plain_included():
     expected = {1: 2.0, 2: 3.0}
     chosen = []
     for _ in range(12):
-        w = m.choose_width(32, expected)
+        w = m.decide(32, expected=expected).width
         chosen.append(w)
         m.observe_step(32, w, {PLAIN: 0.5, 1: 0.6, 2: 0.7}[w])  # the machine's true costs
     assert PLAIN in chosen[:4]  # refreshed at the first re-explore turn
@@ -124,9 +124,9 @@ def test_one_stalled_step_moves_a_cell_at_most_max_jump():
 def test_a_seeded_plain_cell_is_measured_before_any_verify():
     m = SpecCostModel(widths=(4,), reexplore_every=1000)
     m.seed({(4, PLAIN): 0.2, (4, 4): 0.21})
-    assert m.choose_width(4, {4: 8.0}) == PLAIN  # the seed is a prior, not the baseline
+    assert m.decide(4, expected={4: 8.0}).width == PLAIN  # the seed is a prior, not the baseline
     m.observe_step(4, PLAIN, 0.2)
-    assert m.choose_width(4, {4: 8.0}) == 4
+    assert m.decide(4, expected={4: 8.0}).width == 4
     poisoned = SpecCostModel(widths=(4,))
     poisoned.seed({(32, PLAIN): 1.5})
     poisoned.observe_step(32, PLAIN, 0.5)  # the first measurement replaces a seeded cell
@@ -218,11 +218,14 @@ def test_cost_at_a_batch_size_follows_the_measured_points_not_per_request_scalin
     d = m.as_dict()
     assert d["measured_at_batch_size"]["32"] == {"0": 17.0, "1": 32.0}
     # the baseline is read, not extrapolated, before a verify is chosen: plain at 32 first
-    assert m.choose_width(32, {1: 8.0}) == PLAIN and m.last_advantage is None
+    d = m.decide(32, expected={1: 8.0})
+    assert d.width == PLAIN and d.advantage is None
     m.observe_step(32, PLAIN, true_plain(32))
     # one request's worth of expected drafts does not pay for the wider step at full batch
-    assert m.choose_width(32, {1: 0.5}) == PLAIN and 0 < m.last_advantage < 1
-    assert m.choose_width(32, {1: 8.0}) == 1 and m.last_advantage > 1
+    d = m.decide(32, expected={1: 0.5})
+    assert d.width == PLAIN and 0 < d.advantage < 1
+    d = m.decide(32, expected={1: 8.0})
+    assert d.width == 1 and d.advantage > 1
 
 
 def test_calibration_per_prediction_level():
@@ -243,9 +246,9 @@ def test_calibration_per_prediction_level():
     m.observe_step(8, 4, 0.40)  # pays only above 8 * (0.40 / 0.27 - 1) = 3.85 accepted
     confident = [{4: 3.0}] * 8
     assert m.batch_expected(confident)[4] == pytest.approx(8 * m.calibrated(3.0))
-    assert m.choose_width(8, m.batch_expected(confident), calibrated=True) == PLAIN
+    assert m.decide(8, expected=m.batch_expected(confident), calibrated=True).width == PLAIN
     assert m.calibration > 1.2  # the overall factor ...
-    assert m.choose_width(8, {4: 8 * 3.0}) == 4  # ... would verify them
+    assert m.decide(8, expected={4: 8 * 3.0}).width == 4  # ... would verify them
     assert set(m.as_dict()["calibration_by_prediction"]) == {"0.25-0.5", "2-4"}
 
 
@@ -311,7 +314,7 @@ def test_ragged_takes_the_confident_nodes_wherever_they_are():
     assert m.step_time_rows(8, 32) == pytest.approx(0.44)  # along the last segment
     # two requests with confident chains, six with worthless drafts
     gains = [[0.9, 0.85, 0.8, 0.7]] * 2 + [[0.05, 0.02]] * 6
-    width, counts = m.choose_rows(8, gains)
+    width, counts = m.decide(8, gains=gains)[:2]
     assert counts == [4, 4, 0, 0, 0, 0, 0, 0] and width == 4  # (8 + 6.5) / 0.26 s = 56 tok/s
     # a uniform width 4 would verify 32 drafts: (8 + 6.9) / 0.44 s = 34 tok/s, below plain's 40
     assert (8 + 2 * 3.25 + 6 * 0.07) / m.step_time_rows(8, 32) < 8 / 0.20
@@ -319,18 +322,18 @@ def test_ragged_takes_the_confident_nodes_wherever_they_are():
 
 def test_ragged_worthless_drafts_and_unmeasured_plain_mean_plain():
     m = SpecCostModel(widths=(1, 2, 4))
-    assert m.choose_rows(2, [[0.9], [0.9]]) == (PLAIN, [0, 0])  # plain is measured first
+    assert m.decide(2, gains=[[0.9], [0.9]])[:2] == (PLAIN, [0, 0])  # plain is measured first
     m.observe_step(2, PLAIN, 0.1)
-    assert m.choose_rows(2, [[], [0.0]]) == (PLAIN, [0, 0])
+    assert m.decide(2, gains=[[], [0.0]])[:2] == (PLAIN, [0, 0])
     with pytest.raises(ValueError, match="one gain list per request"):
-        m.choose_rows(2, [[0.5]])
+        m.decide(2, gains=[[0.5]])
 
 
 def test_ragged_width_is_the_smallest_that_holds_the_largest_count():
     m = _ragged_model()
     m.observe_step(8, 8, 0.40, rows=8 + 40)
     gains = [[0.95] * 6] + [[]] * 7  # one request, six confident nodes
-    width, counts = m.choose_rows(8, gains)
+    width, counts = m.decide(8, gains=gains)[:2]
     assert counts == [6, 0, 0, 0, 0, 0, 0, 0] and width == 8
 
 
@@ -338,10 +341,10 @@ def test_ragged_explores_an_unmeasured_cell_once_then_uses_what_it_measured():
     m = SpecCostModel(widths=(2, 4), reexplore_every=1000)
     m.observe_step(4, PLAIN, 0.2)
     gains = [[0.9, 0.9]] * 4
-    width, counts = m.choose_rows(4, gains)  # only plain known: the curve's estimate, explored
+    width, counts = m.decide(4, gains=gains)[:2]  # only plain known: the curve's estimate, explored
     assert width == 2 and sum(counts) >= 1
     m.observe_step(4, width, 0.21, rows=4 + sum(counts))
-    width, counts = m.choose_rows(4, gains)
+    width, counts = m.decide(4, gains=gains)[:2]
     assert width == 2 and counts == [2, 2, 2, 2]  # measured cheap: every confident node
 
 
@@ -385,16 +388,17 @@ def test_horizon_skips_verifies_that_only_speed_up_short_requests():
     tail = Horizon((100, 5, 5, 5))  # one long response holds the rollout
     per_request = [{4: 0.0}, {4: 3.0}, {4: 3.0}, {4: 3.0}]  # the short ones draft well
     expected = m.batch_expected(per_request)
-    assert m.choose_width(4, expected, calibrated=True) == 4  # 13 / 0.16 = 81 > 40 tok/s
+    assert m.decide(4, expected=expected, calibrated=True).width == 4  # 13 / 0.16 = 81 > 40 tok/s
     critical = m.critical_expected(per_request, tail)
     assert critical == {4: 0.0}
-    assert m.choose_width(4, expected, calibrated=True, horizon=tail, critical=critical) == PLAIN
+    assert m.decide(4, expected=expected, calibrated=True, horizon=tail,
+                    critical=critical).width == PLAIN
     # a long queue: the batch's throughput matters again
     busy = Horizon((100, 5, 5, 5), queued=2000)
-    assert m.choose_width(4, expected, calibrated=True, horizon=busy,
-                          critical=m.critical_expected(per_request, busy)) == 4
+    assert m.decide(4, expected=expected, calibrated=True, horizon=busy,
+                    critical=m.critical_expected(per_request, busy)).width == 4
     with pytest.raises(ValueError, match="horizon"):
-        m.choose_width(3, expected, horizon=tail)
+        m.decide(3, expected=expected, horizon=tail)
 
 
 def test_horizon_verifies_for_the_long_request_where_the_batch_mean_says_plain():
@@ -402,24 +406,24 @@ def test_horizon_verifies_for_the_long_request_where_the_batch_mean_says_plain()
     tail = Horizon((100, 5, 5, 5))
     per_request = [{4: 2.0}, {4: 0.0}, {4: 0.0}, {4: 0.0}]
     expected = m.batch_expected(per_request)
-    assert m.choose_width(4, expected, calibrated=True) == PLAIN  # 6 / 0.16 = 37.5 < 40
+    assert m.decide(4, expected=expected, calibrated=True).width == PLAIN  # 6 / 0.16 = 37.5 < 40
     # useful tokens: plain min(4, 1.15) / 0.10 = 11.5; verify min(6, 3 x 1.15) / 0.16 = 21.6
-    assert m.choose_width(4, expected, calibrated=True, horizon=tail,
-                          critical=m.critical_expected(per_request, tail)) == 4
+    assert m.decide(4, expected=expected, calibrated=True, horizon=tail,
+                    critical=m.critical_expected(per_request, tail)).width == 4
 
 
 def test_ragged_horizon_takes_the_long_requests_nodes():
     m = _ragged_model()
     gains = [[0.6, 0.5, 0.4, 0.3]] + [[0.9, 0.85, 0.8, 0.7]] * 2 + [[]] * 5
-    _, counts = m.choose_rows(8, gains)
+    _, counts = m.decide(8, gains=gains)[:2]
     assert counts[1] == counts[2] == 4  # without a horizon the best nodes are the short ones'
     tail = Horizon((200,) + (5,) * 7)
-    width, counts = m.choose_rows(8, gains, tail)
+    width, counts = m.decide(8, gains=gains, horizon=tail)[:2]
     assert counts[0] >= 1 and counts[1:] == [0] * 7 and width >= max(counts)
     # every request short but one with no drafts: nothing shortens the rollout, plain
-    assert m.choose_rows(8, [[]] + [[0.9] * 4] * 7, tail) == (PLAIN, [0] * 8)
+    assert m.decide(8, gains=[[]] + [[0.9] * 4] * 7, horizon=tail)[:2] == (PLAIN, [0] * 8)
     with pytest.raises(ValueError, match="horizon"):
-        m.choose_rows(8, gains, Horizon((1, 2)))
+        m.decide(8, gains=gains, horizon=Horizon((1, 2)))
 
 
 def test_a_promising_seeded_cell_is_tried_at_once_then_judged_on_its_measurement():
@@ -431,9 +435,9 @@ def test_a_promising_seeded_cell_is_tried_at_once_then_judged_on_its_measurement
         m.seed({(1, PLAIN): 0.025, (1, 8): 0.0466})
         m.observe_step(1, PLAIN, 0.025)
         expected = {8: 0.6}  # (1 + 0.6) / 0.0466 = 34 tok/s against plain's 40
-        assert m.choose_width(1, expected, calibrated=True) == 8  # tried once
+        assert m.decide(1, expected=expected, calibrated=True).width == 8  # tried once
         m.observe_step(1, 8, width_seconds)  # 43 tok/s: kept; 27 tok/s: plain from then on
-        assert [m.choose_width(1, expected, calibrated=True) for _ in range(3)] == [then] * 3
+        assert [m.decide(1, expected=expected, calibrated=True).width for _ in range(3)] == [then] * 3
 
 
 def test_a_seeded_cell_is_run_once_however_slow_it_reads():
@@ -444,14 +448,14 @@ def test_a_seeded_cell_is_run_once_however_slow_it_reads():
     m.seed({(4, PLAIN): 0.10, (4, 4): 0.30})
     m.observe_step(4, PLAIN, 0.10)  # plain measured here; the verify cell is only a seed
     expected = {4: 1.0}  # (4 + 1) / 0.30 = 17 tok/s against plain's 40: far behind
-    choices = [m.choose_width(4, expected) for _ in range(8)]
+    choices = [m.decide(4, expected=expected).width for _ in range(8)]
     assert choices == [PLAIN] * 7 + [4]  # the 8th decision runs the seeded cell once
     m.observe_step(4, 4, 0.12)  # it got cheaper: (4 + 1) / 0.12 = 42 tok/s
-    assert m.choose_width(4, expected) == 4
+    assert m.decide(4, expected=expected).width == 4
     slow = SpecCostModel(widths=(4,), reexplore_every=8, alpha=1.0)
     slow.observe_step(4, PLAIN, 0.10)
     slow.observe_step(4, 4, 0.30)  # measured here at 3x: not re-run
-    assert [slow.choose_width(4, expected) for _ in range(16)] == [PLAIN] * 16
+    assert [slow.decide(4, expected=expected).width for _ in range(16)] == [PLAIN] * 16
 
 
 def test_the_baseline_is_measured_near_the_batch_size_it_judges():
@@ -469,14 +473,17 @@ def test_the_baseline_is_measured_near_the_batch_size_it_judges():
     old_plain = m.steps._at(m.steps._cell[(16, PLAIN)], 16, PLAIN)  # what the cell alone reads at 16
     assert old_plain > 0.055 > 0.051 * 16 / 15  # the verify measured cheaper than plain read:
     assert m.step_time_rows(16, 1) == pytest.approx(old_plain)  # floored there, any gain won
-    assert m.choose_rows(16, gains) == (PLAIN, [0] * 16) and m.last_advantage is None
+    d = m.decide(16, gains=gains)
+    assert d[:2] == (PLAIN, [0] * 16) and d.advantage is None
     m.observe_step(16, PLAIN, 0.043)
     assert m.step_time(16, PLAIN) == pytest.approx(0.043)
-    assert m.choose_rows(16, gains) == (PLAIN, [0] * 16) and 0 < m.last_advantage < 1
+    d = m.decide(16, gains=gains)
+    assert d[:2] == (PLAIN, [0] * 16) and 0 < d.advantage < 1
     # between measured sizes near enough on each side: linear
     m.observe_step(14, PLAIN, 0.041)
     assert m.step_time(15, PLAIN) == pytest.approx(0.042)
-    assert m.choose_width(32, {1: 4.0}) == PLAIN and m.last_advantage is None  # bucket 32: unmeasured
+    d = m.decide(32, expected={1: 4.0})
+    assert d.width == PLAIN and d.advantage is None  # bucket 32: unmeasured
     with pytest.raises(ValueError, match="baseline_near"):
         SpecCostModel(baseline_near=1.0)
 
@@ -518,7 +525,7 @@ def test_a_close_call_re_measures_the_plain_baseline_often():
     gains = [[0.1]] * 8  # (8 + 0.8) / 0.045 = 196 tok/s against 8 / 0.05 = 160: x1.22
     picks = []
     for _ in range(8):
-        width, _counts = m.choose_rows(8, gains)
+        width, _counts = m.decide(8, gains=gains)[:2]
         picks.append(width)
         m.observe_step(8, width, 0.030 if width == PLAIN else 0.045, rows=16 if width else None)
     assert picks[:4] == [1, 1, 1, PLAIN]  # the plain step is re-run within close_refresh
@@ -526,7 +533,7 @@ def test_a_close_call_re_measures_the_plain_baseline_often():
     far = SpecCostModel(widths=(1,), reexplore_every=1000, close_refresh=1)
     far.observe_step(8, PLAIN, 0.050)
     far.observe_step(8, 1, 0.045, rows=16)
-    assert [far.choose_rows(8, [[0.9]] * 8)[0] for _ in range(3)] == [1, 1, 1]  # no close call
+    assert [far.decide(8, gains=[[0.9]] * 8).width for _ in range(3)] == [1, 1, 1]  # no close call
     with pytest.raises(ValueError, match="close_call"):
         SpecCostModel(close_call=0.5)
 

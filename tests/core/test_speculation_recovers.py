@@ -46,14 +46,15 @@ def _run(m: SpecCostModel, bs: int, probs, accept, steps: int):
     out = []
     for _ in range(steps):
         gains = [[p * m.calibrated(sum(probs)) / sum(probs) for p in probs]] * bs
-        width, counts = m.choose_rows(bs, gains, raw=[list(probs)] * bs)
-        out.append((width, m.last_reason))
+        d = m.decide(bs, gains=gains, raw=[list(probs)] * bs)
+        width, counts = d.width, d.counts
+        out.append((width, d.reason))
         if width != PLAIN:
             for c in counts:
                 if c:
                     m.observe_acceptance(sum(probs[:c]), accept(c), level=sum(probs))
-            if m.last_reason == "probe":
-                m.probe_outcome(bs, sum(accept(c) for c in counts if c))
+            if d.reason == "probe":
+                m.probes.outcome(bs, sum(accept(c) for c in counts if c), d.probe_predicted)
         m.observe_step(bs, width, _step_seconds(bs, sum(counts)), rows=bs + sum(counts))
     return out
 
@@ -131,14 +132,14 @@ def test_no_probe_where_the_store_predicts_less_than_a_token():
 
 def test_rested_steps_count_toward_the_next_probe():
     m = SpecCostModel(probe_every=4)
-    m.verified(8)
+    m.probes.verified(8)
     for _ in range(3):
-        m.tick(8)
-    assert not m.probe_due(8)
-    m.tick(8)
-    assert m.probe_due(8) and not m.probe_due(1)  # per batch bucket
-    m.verified(7)  # same bucket (5-8)
-    assert not m.probe_due(8)
+        m.probes.tick(8)
+    assert not m.probes.due(8)
+    m.probes.tick(8)
+    assert m.probes.due(8) and not m.probes.due(1)  # per batch bucket
+    m.probes.verified(7)  # same bucket (5-8)
+    assert not m.probes.due(8)
     with pytest.raises(ValueError, match="probe_every"):
         SpecCostModel(probe_every=0)
 
@@ -160,20 +161,22 @@ def test_probes_that_succeed_grow_and_come_sooner_and_a_miss_resets_them():
     while steps < 200:
         steps += 1
         gains = [[p * m.calibrated(sum(probs)) / sum(probs) for p in probs]] * bs
-        width, counts = m.choose_rows(bs, gains, raw=[probs] * bs)
+        d = m.decide(bs, gains=gains, raw=[probs] * bs)
+        width, counts = d.width, d.counts
         if width:
             for c in counts:
                 if c:
                     m.observe_acceptance(sum(probs[:c]), c, level=sum(probs))
-            if m.last_reason == "probe":
+            if d.reason == "probe":
                 sizes.append(sum(counts))
-                m.probe_outcome(bs, sum(counts))
-            elif m.last_reason in ("best", "close_call"):
+                predicted = d.probe_predicted
+                m.probes.outcome(bs, sum(counts), predicted)
+            elif d.reason in ("best", "close_call"):
                 break
         m.observe_step(bs, width, true_seconds(sum(counts)), rows=bs + sum(counts))
     assert sizes[:2] == [3, 6] and steps < 32 + 16 + 8 + 4 + 8, (sizes, steps)
-    m.probe_outcome(bs, 0)  # a probe whose drafts missed
-    assert m._probe_cap(bs) == 3 and not m.probe_due(bs)
+    m.probes.outcome(bs, 0, predicted)  # a probe whose drafts missed
+    assert m.probes.cap(bs) == 3 and not m.probes.due(bs)
 
 
 def test_batch_width_path_probes_too():
@@ -186,10 +189,10 @@ def test_batch_width_path_probes_too():
     expected = m.batch_expected([{4: 3.0}] * 4)
     picks = []
     for _ in range(4):
-        picks.append(m.choose_width(4, expected, calibrated=True, raw=raw))
+        picks.append(m.decide(4, expected=expected, calibrated=True, raw=raw).width)
         m.observe_step(4, picks[-1], 0.014 if picks[-1] else 0.010)
     assert picks == [PLAIN, 4, PLAIN, 4]  # one probe every 2 steps
-    assert [m.choose_width(4, expected, calibrated=True) for _ in range(3)] == [PLAIN] * 3
+    assert [m.decide(4, expected=expected, calibrated=True).width for _ in range(3)] == [PLAIN] * 3
 
 
 def test_health_names_a_starved_or_floored_calibration_once(caplog):
@@ -218,7 +221,7 @@ def test_a_probe_is_wanted_only_after_drafts_good_enough_for_one():
     drafts could have been probed (else useless drafts would be looked up every step)."""
     m = _model(4, _step_seconds(4, 4))
     for _ in range(PROBE_EVERY):
-        m.choose_rows(4, [[0.02]] * 4, raw=[[0.02]] * 4)
-    assert m.probe_due(4) and not m.probe_wanted(4)
-    m.choose_rows(4, [[0.02]] * 4, raw=[[0.9, 0.8]] * 4)  # a probe: drafts predict 1.7 tokens
-    assert m.last_reason == "probe" and m.last_promising
+        d = m.decide(4, gains=[[0.02]] * 4, raw=[[0.02]] * 4)
+    assert m.probes.due(4) and not d.promising
+    d = m.decide(4, gains=[[0.02]] * 4, raw=[[0.9, 0.8]] * 4)  # a probe: drafts predict 1.7 tokens
+    assert d.reason == "probe" and d.promising
