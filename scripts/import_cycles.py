@@ -2,7 +2,8 @@
 
 Every ``import`` and ``from ... import`` statement counts, at module level or inside a function
 (a lazy import still ties the two modules together); imports under ``if TYPE_CHECKING:`` do not.
-``from pkg import name`` points at the submodule ``pkg.name`` when there is one, else at ``pkg``.
+``from pkg import name`` points at the submodule ``pkg.name`` when there is one, at ``pkg`` when
+its ``__init__`` defines ``name``, and nowhere else (a compiled extension not built yet).
 Importing ``a.b`` is not counted as importing the package ``a``. Prints each circle (a strongly
 connected component of the module graph) on one line and exits 1 if there is any.
 
@@ -53,8 +54,24 @@ def _imports(tree: ast.AST) -> Iterable[ast.stmt]:
         stack.extend(ast.iter_child_nodes(node))
 
 
-def imported_modules(name: str, path: Path, known: Set[str]) -> Set[str]:
-    """The project modules that module `name` (source at `path`) imports."""
+def defined_names(path: Path) -> Set[str]:
+    """Names a module defines at top level (assigned, def, class or imported)."""
+    names: Set[str] = set()
+    for node in ast.parse(path.read_text(encoding="utf-8"), str(path)).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+    return names
+
+
+def imported_modules(name: str, path: Path, known: Dict[str, Path],
+                     package_names: Dict[str, Set[str]]) -> Set[str]:
+    """The project modules that module `name` (source at `path`) imports; `known` maps every
+    project module to its file, `package_names` caches each package's `defined_names`."""
     if path.suffix != ".py":
         return set()
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -68,16 +85,30 @@ def imported_modules(name: str, path: Path, known: Set[str]) -> Set[str]:
                 parts = package.split(".")
                 anchor = ".".join(parts[:len(parts) - node.level + 1])
                 base = f"{anchor}.{base}" if base else anchor
-            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base
+            targets = [_from_target(base, alias.name, known, package_names)
                        for alias in node.names]
         found.update(t for t in targets if t in known and t != name)
     return found
 
 
+def _from_target(base: str, name: str, known: Dict[str, Path],
+                 package_names: Dict[str, Set[str]]) -> str:
+    """What ``from base import name`` imports: the submodule, the package, or '' (neither)."""
+    if f"{base}.{name}" in known:
+        return f"{base}.{name}"
+    init = known.get(base)
+    if init is None or init.name != "__init__.py" or name == "*":
+        return base
+    if base not in package_names:
+        package_names[base] = defined_names(init)
+    # not defined by the package: a submodule without source here (an extension not built)
+    return base if name in package_names[base] else ""
+
+
 def import_graph(root: Path, packages: Iterable[str] = PACKAGES) -> Dict[str, Set[str]]:
     files = module_files(root, packages)
-    known = set(files)
-    return {name: imported_modules(name, path, known) for name, path in files.items()}
+    package_names: Dict[str, Set[str]] = {}
+    return {name: imported_modules(name, path, files, package_names) for name, path in files.items()}
 
 
 def cycles(graph: Dict[str, Set[str]]) -> List[List[str]]:
