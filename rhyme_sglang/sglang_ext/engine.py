@@ -13,16 +13,21 @@ _prepared = False
 def prepare_process() -> None:
     """Once per process, before sglang is imported: check sglang's version, set the CPU
     environment and the CPU backend's finders, start the fork server (it imports sglang beside
-    this process), then check token ids at the tokenizer manager."""
+    this process; not in a child that multiprocessing is still bootstrapping, which re-imports
+    its parent's main module and may not start processes), then check token ids at the
+    tokenizer manager."""
     global _prepared
     if _prepared:
         return
+    import multiprocessing
+
     from rhyme_sglang.sglang_ext import check_sglang_version, forkserver
     from rhyme_sglang.sglang_ext.cpu_defaults import apply_cpu_defaults
 
     check_sglang_version()
     apply_cpu_defaults({})
-    forkserver.warm_up()
+    if not getattr(multiprocessing.current_process(), "_inheriting", False):  # what it checks
+        forkserver.warm_up()
     from rhyme_sglang.sglang_ext.validation import install_token_id_check
 
     install_token_id_check()
