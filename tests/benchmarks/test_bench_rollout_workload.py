@@ -17,7 +17,7 @@ from benchmarks.trace_stats import epoch_stats
 from rl_driver.config import WarmStartConfig
 from rl_driver.tasks import Prompt
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_defaults_are_the_warm_started_running_sum():
