@@ -10,13 +10,18 @@ import sys
 from typing import Any, Dict, List, Optional
 
 
-def set_process_env() -> None:
+def set_process_env(joining: bool = False) -> None:
     """A run's environment defaults, set before anything imports torch, sglang or Ray: one
-    OpenMP thread a process, SGLang's CPU engine, no tokenizer threads, and Ray's token
-    authentication on (``RAY_AUTH_MODE=token``, what Ray picks for a new local cluster, chosen
-    here so that Ray does not warn it picked it; Ray reads the variable when imported)."""
-    for key, value in (("OMP_NUM_THREADS", "1"), ("SGLANG_USE_CPU_ENGINE", "1"),
-                       ("TOKENIZERS_PARALLELISM", "false"), ("RAY_AUTH_MODE", "token")):
+    OpenMP thread a process, SGLang's CPU engine, no tokenizer threads, and for a new local
+    Ray instance Ray's token authentication on (``RAY_AUTH_MODE=token``, what Ray picks for a
+    new local cluster, chosen here so that Ray does not warn it picked it; Ray reads the
+    variable when imported). ``joining`` an existing cluster (``--address``, ``RAY_ADDRESS``)
+    leaves ``RAY_AUTH_MODE`` to the cluster's own setting."""
+    defaults = [("OMP_NUM_THREADS", "1"), ("SGLANG_USE_CPU_ENGINE", "1"),
+                ("TOKENIZERS_PARALLELISM", "false")]
+    if not (joining or os.environ.get("RAY_ADDRESS")):
+        defaults.append(("RAY_AUTH_MODE", "token"))
+    for key, value in defaults:
         os.environ.setdefault(key, value)
 
 
@@ -52,11 +57,18 @@ def build_parser() -> argparse.ArgumentParser:
         "sync weights, once per epoch; writes runs/<name>/ (metrics, trace, report).",
         epilog="examples:\n  rhyme-rl train --config configs/demo.yaml\n"
         "  rhyme-rl train --config configs/demo.yaml --num-engines 1 --set rollout.group_size=8\n"
-        "  rhyme-rl train --config configs/demo.yaml --resume\n\n" + CONFIG_REFERENCE)
+        "  rhyme-rl train --config configs/demo.yaml --resume\n"
+        "  rhyme-rl train --config configs/demo.yaml --address auto\n"
+        "  ray job submit --working-dir . -- python -m rl_driver.cli train --config "
+        "configs/demo.yaml\n\n" + CONFIG_REFERENCE)
     train.add_argument("--config", required=True, metavar="FILE", help="YAML run config")
     train.add_argument("--resume", action="store_true", help="continue runs/<name> where it stopped")
     train.add_argument("--num-engines", type=int, metavar="N", help="override engine.num_engines")
     train.add_argument("--epochs", type=int, metavar="E", help="override loop.epochs")
+    train.add_argument("--address", metavar="ADDR",
+                       help="join this Ray cluster: auto, ray://HEAD:10001 or HEAD:6379 "
+                       "(cluster.address; default RAY_ADDRESS, else a local instance; "
+                       "docs/ray-cluster.md)")
     _add_set(train)
     train.add_argument("--no-progress", action="store_true",
                        help="no progress bars (or progress lines, off a terminal)")
@@ -104,6 +116,8 @@ def overrides_from(args) -> Dict[str, Any]:
         out["engine.num_engines"] = args.num_engines
     if getattr(args, "epochs", None) is not None:
         out["loop.epochs"] = args.epochs
+    if getattr(args, "address", None) is not None:
+        out["cluster.address"] = args.address
     if getattr(args, "task", None) is not None:
         out["warm_start.task"] = args.task
     return out
@@ -114,7 +128,7 @@ def startup_line(config) -> str:
     100 columns."""
     import textwrap
 
-    from rhyme_sglang.machine import describe_machine
+    from rhyme_sglang.dtypes import describe_machine
 
     return textwrap.fill(f"{config.name}: {config.machine_summary()} ({describe_machine()})",
                          width=100, subsequent_indent="  ")
@@ -163,7 +177,8 @@ def train(config, resume: bool = False, progress: bool = True, echo=None,
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    set_process_env()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    set_process_env(joining=any(a == "--address" or a.startswith("--address=") for a in argv))
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from rl_driver.config import ConfigError, config_from_dict, load_config

@@ -1,8 +1,8 @@
 """Typed run configuration: frozen dataclasses loaded from YAML, with errors that name the bad key.
 
 A config file has one mapping per section (``engine``, ``rollout``, ``task``, ``train``,
-``sync``, ``loop``, ``warm_start``) plus ``name``, ``model`` and ``seed`` at the top; ``task:``
-may also be a preset's name alone (``task: running_sum``). Unknown keys and bad
+``sync``, ``loop``, ``warm_start``, ``cluster``) plus ``name``, ``model`` and ``seed`` at the
+top; ``task:`` may also be a preset's name alone (``task: running_sum``). Unknown keys and bad
 values raise ``ConfigError`` (a ``ValueError``) naming ``section.key`` and the value.
 """
 
@@ -42,6 +42,10 @@ class EngineConfig:
     # the driver sends and reads token ids: no detokenizer process work per step (rewards
     # decode each finished response once); false for stop strings or text outputs
     skip_tokenizer_init: bool = True
+    # Ray resources of each engine's placement bundle (GPU engines get CUDA_VISIBLE_DEVICES
+    # from Ray); 0 and 0 = no reservation (engines share the node's cores)
+    num_cpus: float = 0.0
+    num_gpus: float = 0.0
     extra: Dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -66,6 +70,7 @@ class EngineConfig:
                self.mem_fraction_static, "must be in (0, 1)")
         _check(isinstance(self.skip_tokenizer_init, bool), "engine.skip_tokenizer_init",
                self.skip_tokenizer_init, "must be true or false")
+        _check_resources("engine", self.num_cpus, self.num_gpus)
 
     def server_args(self, model_path: str) -> Dict[str, Any]:
         """Keyword arguments for ``rhyme_sglang.Engine``."""
@@ -229,6 +234,9 @@ class TrainConfig:
     # forward/backward when there is no KL term: their loss and gradient are exactly 0, and
     # they still count in the token-mean, so the update is the same, for less compute
     skip_zero_advantage: bool = True
+    # Ray resources of the trainer's placement bundle; 0 and 0 = no reservation
+    num_cpus: float = 0.0
+    num_gpus: float = 0.0
 
     def __post_init__(self):
         _check(self.lr > 0, "train.lr", self.lr, "must be > 0")
@@ -257,6 +265,7 @@ class TrainConfig:
         _check(self.autocast_bf16 is True or self.autocast_bf16 is False
                or self.autocast_bf16 == "auto", "train.autocast_bf16", self.autocast_bf16,
                "must be true, false or auto")
+        _check_resources("train", self.num_cpus, self.num_gpus)
 
 
 @dataclass(frozen=True)
@@ -266,7 +275,11 @@ class SyncConfig:
     method: str = "tensor"  # tensor | distributed | disk
     bucket_mb: float = 64.0
     backend: str = "auto"  # distributed: auto (gloo on CPU, nccl on GPU) | gloo | nccl
-    master_address: str = "127.0.0.1"
+    # distributed: the rendezvous host; auto = the trainer node's IP, found at run time
+    master_address: str = "auto"
+    # disk: the folder weights are written to, one every node mounts ("" = run_dir/weights,
+    # checked at start to be seen by every engine)
+    disk_dir: str = ""
 
     def __post_init__(self):
         _check(self.method in ("tensor", "distributed", "disk"), "sync.method", self.method,
@@ -296,6 +309,64 @@ class LoopConfig:
                "loop.max_actor_restarts", self.max_actor_restarts, "must be an int >= 0")
 
 
+STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Which Ray cluster the run joins and where its actors go (``docs/ray-cluster.md``).
+
+    A placement group holds one bundle per engine (``engine.num_cpus`` / ``engine.num_gpus``
+    plus ``engine_resources``) and one for the trainer (``train.num_cpus`` /
+    ``train.num_gpus`` plus ``trainer_resources``), placed by ``strategy``. With nothing
+    reserved anywhere there is no placement group (the actors share the node, as on a laptop)."""
+
+    # "" = RAY_ADDRESS when set, else a new local instance; "auto" = the cluster this node
+    # belongs to; "ray://head:10001" (Ray client) or "head:6379" (the GCS)
+    address: str = ""
+    strategy: str = "PACK"  # PACK | SPREAD | STRICT_PACK | STRICT_SPREAD
+    # custom Ray resources per engine bundle: one mapping for every engine, or a list of one
+    # mapping per engine (pinning: [{"node_a": 1}, {"node_b": 1}])
+    engine_resources: Any = field(default_factory=dict)
+    trainer_resources: Dict[str, Any] = field(default_factory=dict)
+    # seconds a restart waits for Ray to re-place a dead engine's bundle before it starts the
+    # engine outside the group (its node is gone and no other node fits the bundle)
+    replace_wait_s: float = 10.0
+
+    def __post_init__(self):
+        _check(isinstance(self.address, str), "cluster.address", self.address,
+               "must be a string: '', 'auto', 'ray://host:port' or 'host:port'")
+        _check(self.strategy in STRATEGIES, "cluster.strategy", self.strategy,
+               f"must be one of {', '.join(STRATEGIES)}")
+        per_engine = (self.engine_resources if isinstance(self.engine_resources, (list, tuple))
+                      else [self.engine_resources])
+        for res in per_engine + [self.trainer_resources]:
+            _check(isinstance(res, Mapping) and all(
+                isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+                and v >= 0 for k, v in res.items()),
+                "cluster.engine_resources" if res is not self.trainer_resources
+                else "cluster.trainer_resources", res,
+                "must map resource names to numbers >= 0")
+        _check(self.replace_wait_s >= 0, "cluster.replace_wait_s", self.replace_wait_s,
+               "must be >= 0")
+
+    def engine_resources_of(self, i: int) -> Dict[str, float]:
+        """Engine ``i``'s custom resources (a list's entry ``i``, or the one mapping)."""
+        res = self.engine_resources
+        if isinstance(res, (list, tuple)):
+            if i >= len(res):
+                raise ConfigError(f"config key 'cluster.engine_resources': {len(res)} entries "
+                                  f"for engine {i} (one per engine, or one mapping for all)")
+            res = res[i]
+        return {k: float(v) for k, v in res.items()}
+
+
+def _check_resources(section: str, cpus, gpus) -> None:
+    for key, value in (("num_cpus", cpus), ("num_gpus", gpus)):
+        _check(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0,
+               f"{section}.{key}", value, "must be a number >= 0")
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """A whole run: model, seed and the section configs."""
@@ -310,6 +381,7 @@ class RunConfig:
     sync: SyncConfig = field(default_factory=SyncConfig)
     loop: LoopConfig = field(default_factory=LoopConfig)
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def __post_init__(self):
         _check(isinstance(self.name, str) and self.name and "/" not in self.name, "name",
@@ -317,6 +389,10 @@ class RunConfig:
         _check(isinstance(self.model, str) and self.model, "model", self.model,
                "must be 'tiny', 'smollm2' or a model folder")
         _check(isinstance(self.seed, int), "seed", self.seed, "must be an int")
+        per_engine = self.cluster.engine_resources
+        _check(not isinstance(per_engine, (list, tuple)) or len(per_engine) == self.engine.num_engines,
+               "cluster.engine_resources", per_engine,
+               f"a list needs one mapping per engine ({self.engine.num_engines})")
 
     @property
     def run_dir(self) -> Path:
@@ -327,14 +403,14 @@ class RunConfig:
 
     def resolved(self, engine_dtype=None, cores=None) -> "RunConfig":
         """This config with the machine's choices made concrete: ``engine.dtype: auto`` (by
-        ``engine_dtype(requested)``, default the measured :func:`rhyme_sglang.machine.resolve_dtype`),
+        ``engine_dtype(requested)``, default the measured :func:`rhyme_sglang.dtypes.resolve_dtype`),
         ``train.autocast_bf16: auto`` (true iff the engines run bf16 and this machine computes
         bf16 natively, so rollout and trainer logprobs come from the same number format),
         ``engine.cpu_threads: 0``, ``engine.kernel_threads: 0`` and
         ``train.num_threads: 0`` (the thread rules on ``cores`` usable cores). Idempotent."""
-        from rhyme_sglang import machine
+        from rhyme_sglang import dtypes, machine
 
-        pick = engine_dtype or machine.resolve_dtype
+        pick = engine_dtype or dtypes.resolve_dtype
         cores = machine.usable_cores() if cores is None else cores
         dtype = pick(self.engine.dtype)
         autocast = self.train.autocast_bf16
@@ -362,17 +438,17 @@ class RunConfig:
 def trainer_autocast(engine_dtype: str, pick=None) -> bool:
     """What ``train.autocast_bf16: auto`` means for engines asked to run ``engine_dtype``:
     true iff they run bf16 (``pick(engine_dtype)``, default the measured
-    :func:`rhyme_sglang.machine.resolve_dtype`) and this machine computes bf16 natively, so
+    :func:`rhyme_sglang.dtypes.resolve_dtype`) and this machine computes bf16 natively, so
     rollout and trainer logprobs come from the same number format."""
     if pick is None:
-        from rhyme_sglang.machine import resolve_dtype as pick
+        from rhyme_sglang.dtypes import resolve_dtype as pick
     # an auto-chosen bf16 is native already; an explicit one is checked by the probe
     return pick(engine_dtype) == "bfloat16" and (engine_dtype == "auto" or pick("auto") == "bfloat16")
 
 
 SECTIONS = {"engine": EngineConfig, "rollout": RolloutConfig, "task": TaskConfig,
             "train": TrainConfig, "sync": SyncConfig, "loop": LoopConfig,
-            "warm_start": WarmStartConfig}
+            "warm_start": WarmStartConfig, "cluster": ClusterConfig}
 
 
 def _build_section(name: str, cls, raw: Any):

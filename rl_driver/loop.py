@@ -37,11 +37,22 @@ logger = logging.getLogger(__name__)
 
 
 def start_ray(config: RunConfig) -> None:
+    """Join the cluster at ``cluster.address`` (or ``RAY_ADDRESS``, as ``ray job submit`` sets
+    it); without either, start a local instance of ``loop.ray_num_cpus`` CPUs (0 = all)."""
+    import os
+
     import ray
 
-    if not ray.is_initialized():
-        kwargs = {"num_cpus": config.loop.ray_num_cpus} if config.loop.ray_num_cpus else {}
-        ray.init(include_dashboard=False, log_to_driver=False, **kwargs)
+    if ray.is_initialized():
+        return
+    address = config.cluster.address or os.environ.get("RAY_ADDRESS", "")
+    if address:
+        ray.init(address=address, log_to_driver=False)
+        logger.info("joined the Ray cluster at %s: %d node(s), %s", address,
+                    sum(n["Alive"] for n in ray.nodes()), ray.cluster_resources())
+        return
+    kwargs = {"num_cpus": config.loop.ray_num_cpus} if config.loop.ray_num_cpus else {}
+    ray.init(include_dashboard=False, log_to_driver=False, **kwargs)
 
 
 def run(config: RunConfig, resume: bool = False,
@@ -91,8 +102,9 @@ def run(config: RunConfig, resume: bool = False,
             metrics = epoch_metrics(
                 epoch, balance=config.rollout.balance, plan=plan, rollout=rollout,
                 rewards=rewards, fed=fed, train=train, sync_s=sync_s, sync_method=stack.sync.method,
-                rhyme_stats=pool.call_all("rhyme_stats"),
-                startup_s=stack.startup_s if epoch == state.first_epoch_of_process else 0.0)
+                rhyme_stats=pool.call_all("rhyme_stats"), snapshot_bytes=pool.snapshot_bytes,
+                startup_s=stack.startup_s if epoch == state.first_epoch_of_process else 0.0,
+                engine_nodes=stack.engine_nodes())
             # record: trace, metrics line, state
             record_epoch(config, trace, state, rollout, rewards, metrics)
             results.append(metrics)

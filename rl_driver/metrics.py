@@ -109,10 +109,13 @@ def summarize_breakdown(breakdown: Dict[str, Any]) -> Dict[str, Any]:
 
 def epoch_metrics(epoch: int, *, balance: str, plan, rollout, rewards: Dict[str, float], fed,
                   train: Dict[str, Any], sync_s: float, sync_method: str,
-                  rhyme_stats: List[Dict[str, Any]], startup_s: float) -> Dict[str, Any]:
-    """One line of ``metrics.jsonl``: the epoch's reward, rollout, balance, history, train and
-    sync figures. ``plan``: ``phases.Plan``; ``rollout``: ``phases.Rollout``; ``fed``:
-    ``phases.Fed``; ``train``: ``Trainer.train_step``'s result; ``rhyme_stats``: per engine."""
+                  rhyme_stats: List[Dict[str, Any]], startup_s: float, snapshot_bytes: int,
+                  engine_nodes: List[Any]) -> Dict[str, Any]:
+    """One line of ``metrics.jsonl``: the epoch's reward, rollout, balance, history, train,
+    sync and placement figures. ``plan``: ``phases.Plan``; ``rollout``: ``phases.Rollout``;
+    ``fed``: ``phases.Fed``; ``train``: ``Trainer.train_step``'s result; ``rhyme_stats``: per
+    engine; ``snapshot_bytes``: the histories pulled to the driver at the epoch's end;
+    ``engine_nodes``: each engine's Ray node id at the epoch's end."""
     stats, start = rollout.result.stats, rollout.result.stats["start_s"]
     return {
         "epoch": epoch,
@@ -147,4 +150,11 @@ def epoch_metrics(epoch: int, *, balance: str, plan, rollout, rewards: Dict[str,
         "timeline": {str(e): [[s - start, t - start] for s, t in iv]
                      for e, iv in rollout.result.busy.items()},
         "startup_s": startup_s,
+        # which engines were restarted (re-placed on a live node) and the history bytes moved
+        # between driver and engines: snapshots pulled, forwarded responses, restored snapshots
+        "restarted_engines": list(rollout.restarted),
+        "engine_nodes": list(engine_nodes),
+        "snapshot_bytes": snapshot_bytes,
+        "history_forwarded_bytes": fed.forwarded_bytes,
+        "history_restored_bytes": rollout.restored_bytes,
     }

@@ -41,11 +41,14 @@ class Rollout(NamedTuple):
     jobs: List[Job]  # sorted by (prompt in task order, sample)
     breakdown: List[Dict[str, Any]]  # per engine, Engine.rhyme_breakdown over the rollout
     generation: List[int]  # per engine, its actor generation when the rollout ended
+    restarted: List[int]  # engines restarted during the rollout, in order
+    restored_bytes: int  # history snapshots sent to the restarted engines
 
 
 class Fed(NamedTuple):
     rewards_sent: int
     responses_forwarded: int
+    forwarded_bytes: int  # the forwarded histories' size, driver -> engines
 
 
 def load_task(config: RunConfig, model_path: str) -> Task:
@@ -112,11 +115,13 @@ def generate(config: RunConfig, pool, task: Task, plan: Plan, tag: str,
                             after_submit=after_submit,
                             on_progress=progress.rollout if progress else None)
     pool.call_all("rhyme_breakdown", reset=True)
+    restarts, restored = len(pool.restarted), pool.restored_bytes
     result = dispatcher.run(jobs)
     breakdown = pool.call_all("rhyme_breakdown", reset=True)
     order = {pid: k for k, pid in enumerate(plan.ids)}
     done = sorted(result.jobs, key=lambda j: (order[j.prompt_id], j.sample))
-    return Rollout(result, done, breakdown, dispatcher.generation)
+    return Rollout(result, done, breakdown, dispatcher.generation, pool.restarted[restarts:],
+                   pool.restored_bytes - restored)
 
 
 def score(task: Task, jobs: List[Job]) -> Dict[str, float]:
@@ -151,8 +156,9 @@ def feed_history(pool, rollout: Rollout, rewards: Dict[str, float]) -> Fed:
     migration or a restart kept out of its history."""
     from rl_driver.pool import forward_full_responses
 
-    return Fed(send_rewards(pool, rollout.jobs, rewards, rollout.generation),
-               forward_full_responses(pool.actors, rollout.jobs, rewards, rollout.generation))
+    forwarded = forward_full_responses(pool.actors, rollout.jobs, rewards, rollout.generation)
+    return Fed(send_rewards(pool, rollout.jobs, rewards, rollout.generation), forwarded.added,
+               forwarded.bytes)
 
 
 def train(config: RunConfig, trainer, jobs: List[Job], rewards: Dict[str, float],

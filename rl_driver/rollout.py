@@ -8,7 +8,8 @@ Methods follow the names OpenRLHF/verl/slime rollout workers already call: ``gen
 per-request ``generate_one`` (streamed, so ``progress`` can report tokens in flight, and
 ``abort`` returns the partial output for lossless migration) and the RHYME history calls
 (``rhyme_set_rewards``, ``rhyme_advance_epoch``, ``rhyme_stats``, ``rhyme_save``,
-``rhyme_load``, ``rhyme_reset``, ``rhyme_predict_lengths``, ``rhyme_export_history`` /
+``rhyme_load``, ``rhyme_snapshot`` / ``rhyme_restore`` (a snapshot's bytes, carried by Ray:
+no disk shared between nodes), ``rhyme_reset``, ``rhyme_predict_lengths``, ``rhyme_export_history`` /
 ``rhyme_import_history``). When RHYME is off the history
 calls are answered locally (empty stats, no predictions) and never reach the engine.
 
@@ -48,7 +49,10 @@ class RolloutActor:
     def __init__(self, engine_kwargs: Dict[str, Any], rhyme: bool = False, name: str = "engine"):
         import os
 
-        os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+        import ray
+
+        if not ray.get_gpu_ids():  # a GPU engine's devices come from Ray (CUDA_VISIBLE_DEVICES)
+            os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         logging.basicConfig(level=logging.INFO)
         self.name = name
@@ -67,6 +71,18 @@ class RolloutActor:
     # ---- generation -------------------------------------------------------------------------
     async def ready(self) -> Dict[str, Any]:
         return {"name": self.name, "rhyme": self.rhyme, "weight_version": self.weight_version}
+
+    async def node(self) -> Dict[str, Any]:
+        """Where this engine runs: node id, IP, pid, GPU ids and ``CUDA_VISIBLE_DEVICES``."""
+        from rl_driver.placement import node_info
+
+        return node_info()
+
+    async def path_exists(self, path: str) -> bool:
+        """Whether ``path`` exists on this engine's node (the shared-folder check)."""
+        import os
+
+        return os.path.exists(path)
 
     async def _stream(self, rid: str, input_ids: List[int], params: Dict[str, Any]):
         gen = await self.engine.async_generate(input_ids=input_ids, sampling_params=params,
@@ -258,6 +274,39 @@ class RolloutActor:
         await self._blocking(self.engine.rhyme_load, path)
         return True
 
+    async def rhyme_snapshot(self) -> Optional[bytes]:
+        """The history snapshot's bytes (``rhyme_save`` to a file of this node, read back and
+        removed), for the driver to keep; None when RHYME is off."""
+        if not self.rhyme:
+            return None
+        import os
+        import tempfile
+
+        fd, path = tempfile.mkstemp(suffix=".rhyme")
+        os.close(fd)
+        try:
+            await self._blocking(self.engine.rhyme_save, path)
+            with open(path, "rb") as fh:
+                return fh.read()
+        finally:
+            os.unlink(path)
+
+    async def rhyme_restore(self, data: bytes) -> bool:
+        """Load a :meth:`rhyme_snapshot` (written to a file of this node, loaded, removed)."""
+        if not self.rhyme:
+            return False
+        import os
+        import tempfile
+
+        fd, path = tempfile.mkstemp(suffix=".rhyme")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            await self._blocking(self.engine.rhyme_load, path)
+        finally:
+            os.unlink(path)
+        return True
+
     async def rhyme_reset(self) -> bool:
         if self.rhyme:
             await self._blocking(self.engine.rhyme_reset)
@@ -297,11 +346,14 @@ def _on_cpu() -> bool:
 
 
 def make_rollout_actor(engine_kwargs: Dict[str, Any], rhyme: bool = False, name: str = "engine",
-                       num_cpus: float = 1, max_concurrency: int = 1000, actor_class=None):
+                       num_cpus: float = 1, max_concurrency: int = 1000, actor_class=None,
+                       options: Optional[Dict[str, Any]] = None):
     """Start a ``RolloutActor`` (or ``actor_class``, a subclass) under Ray (call
-    ``ray.get(actor.ready.remote())`` to wait)."""
+    ``ray.get(actor.ready.remote())`` to wait). ``options``: Ray actor options (resources,
+    scheduling strategy: :class:`rl_driver.placement.Placement`), in place of ``num_cpus``."""
     import ray
 
     cls = ray.remote(actor_class or RolloutActor)
-    return cls.options(num_cpus=num_cpus, max_concurrency=max_concurrency,
-                       name=None).remote(engine_kwargs, rhyme=rhyme, name=name)
+    options = {"num_cpus": num_cpus} if options is None else options
+    return cls.options(max_concurrency=max_concurrency, name=None,
+                       **options).remote(engine_kwargs, rhyme=rhyme, name=name)

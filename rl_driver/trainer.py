@@ -344,6 +344,27 @@ class Trainer:
         return [(n, (dtype or str(p.dtype).replace("torch.", "")), list(p.shape))
                 for n, p in self.model.named_parameters()]
 
+    def node(self) -> Dict[str, Any]:
+        """Where this trainer runs: node id, IP, pid, GPU ids and ``CUDA_VISIBLE_DEVICES``."""
+        from rl_driver.placement import node_info
+
+        return node_info()
+
+    def rendezvous(self) -> Tuple[str, int]:
+        """This node's IP and a free port on it: the weight group's master address."""
+        import ray
+
+        from rl_driver.weight_sync import free_port
+
+        return ray.util.get_node_ip_address(), free_port("")
+
+    def write_marker(self, path: str) -> str:
+        """Create ``path`` (and its folder) on this node: the shared-folder check."""
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "w") as fh:
+            fh.write("rhyme shared-folder check\n")
+        return path
+
     def init_process_group(self, master_address: str, master_port: int, world_size: int,
                            group_name: str, backend: str) -> bool:
         from rl_driver.weight_sync import new_process_group

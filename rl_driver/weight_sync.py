@@ -10,7 +10,12 @@ stamps the engines with the trainer's weight version and flushes their prefix ca
 - ``distributed``: trainer rank 0 and engines ranks 1..N join a ``gloo`` (CPU) or ``nccl``
   (GPU) group once (``init_weights_update_group``); each sync broadcasts every parameter and
   the engines load them with ``update_weights_from_distributed``.
-- ``disk``: ``save_pretrained`` to a folder, then ``update_weights_from_disk``.
+- ``disk``: ``save_pretrained`` to a folder, then ``update_weights_from_disk``. On a cluster
+  the folder must be one every node mounts: :meth:`WeightSync.check_disk_dir` verifies at start
+  that every engine sees a file the trainer wrote there.
+
+The ``distributed`` group's master address is the trainer node's IP and a free port there, asked
+of the trainer when the group forms (``master_address: auto``), or a configured host.
 """
 
 from __future__ import annotations
@@ -47,9 +52,10 @@ def new_process_group(backend: str, master_address: str, master_port: int, world
     return group
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` ("" = every interface) of the calling process's node."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
@@ -94,7 +100,7 @@ class WeightSync:
 
     def __init__(self, trainer, pool, method: str = "tensor", bucket_mb: float = 64.0,
                  engine_dtype: Optional[str] = None, backend: str = "auto",
-                 master_address: str = "127.0.0.1", disk_dir: Optional[str] = None):
+                 master_address: str = "auto", disk_dir: Optional[str] = None):
         if method not in ("tensor", "distributed", "disk"):
             raise ValueError(f"weight sync method must be tensor, distributed or disk, got {method!r}")
         if method == "disk" and not disk_dir:
@@ -110,6 +116,23 @@ class WeightSync:
         self._group_actors: Optional[List[Any]] = None
         self._group_name = GROUP_NAME
         self._groups_formed = 0
+
+    def check_disk_dir(self) -> None:
+        """``disk``: every engine must see a file the trainer writes in ``disk_dir`` (a folder
+        every node mounts); raises ``RuntimeError`` naming the engines that do not."""
+        import ray
+
+        if self.method != "disk":
+            return
+        marker = os.path.join(self.disk_dir, f".shared-check-{os.getpid()}-{time.time_ns()}")
+        ray.get(self.trainer.write_marker.remote(marker))
+        seen = ray.get([a.path_exists.remote(marker) for a in self.pool.actors])
+        missing = [f"engine{i}" for i, ok in enumerate(seen) if not ok]
+        if missing:
+            raise RuntimeError(f"sync.method disk: {', '.join(missing)} cannot see "
+                               f"{self.disk_dir!r}, written by the trainer: set sync.disk_dir "
+                               "to a folder every node mounts, or use sync.method tensor")
+        logger.info("sync.disk_dir %s is seen by the trainer and every engine", self.disk_dir)
 
     def sync(self, version: int, actors: Optional[List[Any]] = None) -> float:
         """Push weights to ``actors`` (default: all engines); returns seconds taken."""
@@ -153,13 +176,15 @@ class WeightSync:
         # surviving engines still hold the old group under the old name
         self._groups_formed += 1
         self._group_name = f"{GROUP_NAME}_{self._groups_formed}"
-        port = free_port()
+        host, port = ray.get(self.trainer.rendezvous.remote())
+        if self.master_address != "auto":
+            host = self.master_address
         world = 1 + len(actors)
-        refs = [a.init_process_group.remote(self.master_address, port, 1 + i, world,
-                                            self._group_name, self.backend)
+        refs = [a.init_process_group.remote(host, port, 1 + i, world, self._group_name,
+                                            self.backend)
                 for i, a in enumerate(actors)]
-        refs.append(self.trainer.init_process_group.remote(self.master_address, port, world,
-                                                           self._group_name, self.backend))
+        refs.append(self.trainer.init_process_group.remote(host, port, world, self._group_name,
+                                                           self.backend))
         ray.get(refs)
         self._group_actors = list(actors)
 

@@ -162,3 +162,38 @@ def test_explicit_dtype_autocast_and_threads_win():
         config_from_dict({"engine": {"cpu_threads": -1}})
     with pytest.raises(ConfigError, match="'engine.kernel_threads'.*-2"):
         config_from_dict({"engine": {"kernel_threads": -2}})
+
+
+def test_cluster_keys_are_checked():
+    cfg = load_config(str(CONFIGS / "cluster.yaml"))
+    assert cfg.cluster.strategy == "SPREAD" and cfg.engine.num_gpus == 1
+    pinned = config_from_dict({"cluster": {"engine_resources": [{"node_a": 1}, {"node_b": 0.5}]},
+                               "engine": {"num_engines": 2}})
+    assert pinned.cluster.engine_resources_of(1) == {"node_b": 0.5}
+    assert config_from_dict({}).sync.master_address == "auto"  # the trainer node's IP
+    for raw, message in [
+            ({"cluster": {"strategy": "SCATTER"}}, "'cluster.strategy'.*SCATTER"),
+            ({"cluster": {"engine_resources": {"node_a": -1}}}, "'cluster.engine_resources'"),
+            ({"cluster": {"trainer_resources": {"node_a": "x"}}}, "'cluster.trainer_resources'"),
+            ({"cluster": {"engine_resources": [{"a": 1}]}, "engine": {"num_engines": 2}},
+             "one mapping per engine"),
+            ({"engine": {"num_gpus": -1}}, "'engine.num_gpus'"),
+            ({"train": {"num_cpus": "four"}}, "'train.num_cpus'")]:
+        with pytest.raises(ConfigError, match=message):
+            config_from_dict(raw)
+
+
+def test_placement_bundles_and_the_no_reservation_default():
+    from rl_driver.cli import build_parser, overrides_from
+    from rl_driver.placement import Placement, actor_options, bundle
+
+    assert bundle(4, 1, {"node_a": 1}) == {"CPU": 4.0, "GPU": 1.0, "node_a": 1.0}
+    assert bundle(0, 0, {}) == {}
+    assert actor_options({"CPU": 2.0, "node_b": 0.5}) == {
+        "num_cpus": 2.0, "num_gpus": 0.0, "resources": {"node_b": 0.5}}
+    # nothing reserved: no placement group, the actors ask Ray for no CPU (as on a laptop)
+    free = Placement(config_from_dict({}))
+    assert free.group is None
+    assert free.engine_options(0) == free.trainer_options() == {"num_cpus": 0}
+    args = build_parser().parse_args(["train", "--config", "x.yaml", "--address", "auto"])
+    assert overrides_from(args)["cluster.address"] == "auto"
