@@ -17,9 +17,8 @@ class DraftRest:
     """Steps on which the worker does not draft at all, because the cost model has just said
     that a verify would lose clearly.
 
-    A decode step's drafts cost a store lookup per request before the cost model can decide
-    (stop 39, batch 8-16 with one round of history: 1.1-2.0 ms a step, 4-5% of a plain
-    step), and where drafts do not pay the decision is plain step after step. After a plain
+    A decode step's drafts cost a store lookup per request before the cost model can decide,
+    and where drafts do not pay the decision is plain step after step. After a plain
     decision whose best verify rate was under ``below`` times the plain rate, the next
     ``2 ** streak - 1`` steps (at most ``longest``) are plain without drafting; a verify or a
     close call ends the rest, and so does a request new to the batch (its drafts are unknown).
@@ -48,7 +47,8 @@ class DraftRest:
         return True
 
     def decided(self, width: int, advantage: Optional[float]) -> None:
-        """The cost model's decision for a step that drafted, with its ``last_advantage``."""
+        """The cost model's decision for a step that drafted: its width and advantage
+        (:class:`rhyme_sglang.core.cost_model.Decision`)."""
         if width == PLAIN and advantage is not None and advantage < self.below:
             self._streak += 1
             self._left = min((1 << min(self._streak, 16)) - 1, self.longest)

@@ -5,6 +5,7 @@ fails loudly on any other version instead of misbehaving.
 """
 
 SUPPORTED_SGLANG_VERSION = "0.5.23"
+ALGORITHM = "RHYME"  # the speculative algorithm's name in sglang's registry
 
 
 def check_sglang_version() -> str:

@@ -20,8 +20,8 @@ from rhyme_sglang.sglang_ext.stats import SpecStats
 
 
 class ControlCommands:
-    """Handlers over the worker's ``store``, ``stats``, ``cost``, ``config``, ``lock`` and
-    ``_tracked`` (requests in flight)."""
+    """Handlers over the worker's ``store``, ``stats``, ``cost``, ``config``, ``lock``,
+    ``requests`` (requests in flight) and ``scheduling``."""
 
     def command(self, name: str, args: dict):
         """Run one control command under the lock (see :mod:`.control`)."""
@@ -41,7 +41,7 @@ class ControlCommands:
         out.update(
             cost_model=cost_model, breakdown=timeline.breakdown(),
             epoch=self.store.epoch, num_prompts=self.store.num_prompts,
-            num_responses=self.store.num_responses, active_requests=len(self._tracked),
+            num_responses=self.store.num_responses, active_requests=len(self.requests),
             memory_bytes=self.store.estimate_memory(), backend=self.store.backend,
             speculation_health=self.health.report(self.cost.calibration_at_bound()),
         )
@@ -93,7 +93,7 @@ class ControlCommands:
         return {"path": str(path), "num_responses": self.store.num_responses}
 
     def _cmd_load(self, path):
-        if self._tracked:
+        if len(self.requests):
             raise ValueError("cannot load a snapshot while requests are running")
         self.store.load(str(path))
         self.cost.forget_acceptance()
@@ -110,10 +110,12 @@ class ControlCommands:
         return {"added": added, "num_responses": self.store.num_responses}
 
     def _cmd_reset(self):
-        if self._tracked:
+        if len(self.requests):
             raise ValueError("cannot reset while requests are running")
         self.store = DraftStore(self.config.store_config())
         self.stats = SpecStats()
+        self.requests.store = self.scheduling.store = self.store
+        self.requests.stats = self.scheduling.stats = self.stats
         return {"epoch": 0}
 
     def _cmd_draft(self, prompt, context=(), max_tokens=8, prompt_id=None):
@@ -134,6 +136,7 @@ class ControlCommands:
         if policy is not None:
             # RhymeConfig validates the name (ValueError lists the choices)
             self.config = dataclasses.replace(self.config, schedule_policy=policy)
+            self.scheduling.config = self.config
         return {"policy": self.config.schedule_policy}
 
     def _cmd_predict_lengths(self, prompts):

@@ -6,15 +6,16 @@ and three named hooks through sglang's ``HookRegistry``:
 
 * ``stream_hook`` before ``SchedulerOutputStreamer.stream_output``: finished responses join
   the history before their output leaves the scheduler, so a client that has its response
-  finds it in the history (stats, rewards by ``(prompt_id, sample)``); the control thread
-  answered before the history had it while the CPU was busy (stop 30). ``finish_hook`` after
+  finds it in the history (stats, rewards by ``(prompt_id, sample)``). ``finish_hook`` after
   ``Scheduler.process_batch_result`` catches any finished request not streamed;
 * ``weights_hook`` after sglang records a successful weight load (disk, tensor,
   distributed or IPC): the history epoch advances before the next draft;
 * ``ordering_hook`` after ``SchedulePolicy.calc_priority``: longest-predicted-first queue;
 * ``prefill_hook`` around ``Scheduler.get_new_batch_prefill``: siblings of a prompt not yet
   in the prefix cache wait one pass (``group_prefill``); after the pass the worker notes the
-  waiting queue's predicted tokens (the cost model's ``horizon``).
+  waiting queue's predicted tokens (the cost model's ``horizon``);
+* ``idle_hook`` after ``Scheduler.on_idle``: the worker's ``check_integrity`` (once per idle
+  period).
 
 Each of these is a no-op unless a RhymeWorker runs in the process. ``spec_logprobs_hook``
 around ``compute_spec_logprobs`` trims unused accept slots on CPU (NGRAM and RHYME). Two more, around
@@ -27,8 +28,9 @@ from __future__ import annotations
 
 import logging
 
+from rhyme_sglang.sglang_ext import ALGORITHM  # noqa: F401  (engine.py imports it from here)
+
 logger = logging.getLogger(__name__)
-ALGORITHM = "RHYME"
 DEFAULT_MAX_RUNNING = 48  # running requests per engine unless --max-running-requests is given
 _registered = False
 
@@ -65,7 +67,14 @@ def weights_hook(result, *args, **kwargs):
 def ordering_hook(result, policy, waiting_queue, *args, **kwargs):
     worker = _worker()
     if worker is not None:
-        worker.order_waiting_queue(waiting_queue)
+        worker.scheduling.order(waiting_queue)
+    return result
+
+
+def idle_hook(result, *args, **kwargs):
+    worker = _worker()
+    if worker is not None:
+        worker.check_integrity()
     return result
 
 
@@ -75,16 +84,16 @@ def prefill_hook(original, *args, **kwargs):
         return original(*args, **kwargs)
     scheduler = args[0]
     running = args[1] if len(args) > 1 else kwargs.get("running_batch")
-    held = worker.hold_back_siblings(scheduler.waiting_queue,
-                                     running.reqs if running is not None else [],
-                                     getattr(scheduler, "chunked_req", None),
-                                     getattr(scheduler, "tree_cache", None))
+    held = worker.scheduling.hold_back_siblings(scheduler.waiting_queue,
+                                                running.reqs if running is not None else [],
+                                                getattr(scheduler, "chunked_req", None),
+                                                getattr(scheduler, "tree_cache", None))
     try:
         return original(*args, **kwargs)
     finally:
         if held:
             scheduler.waiting_queue[:0] = held
-        worker.note_waiting(scheduler.waiting_queue)
+        worker.scheduling.note_waiting(scheduler.waiting_queue)
 
 
 def spec_logprobs_hook(original, batch, logits_output, predict, *, accept_index=None,
@@ -93,10 +102,9 @@ def spec_logprobs_hook(original, batch, logits_output, predict, *, accept_index=
 
     sglang gathers one logits row per column of ``accept_index`` (``[bs, draft tokens]``,
     unused slots ``-1``) and takes a full-vocabulary ``log_softmax`` of each, so a RHYME
-    plain step (one column used of 17) did 17x the work it needs: 17% of its time at batch 8
-    (py-spy, SmolLM2 bf16). Columns are filled from the left, so dropping those no request
-    uses changes no logprob (rows are independent) and the scheduler reads as many per
-    request as it accepted. CPU only: on a GPU the ``.max()`` would cost a device sync.
+    plain step (one column used of 17) would do 17x the work it needs. Columns are filled
+    from the left, so dropping those no request uses changes no logprob (rows are
+    independent) and the scheduler reads as many per request as it accepted. CPU only: on a GPU the ``.max()`` would cost a device sync.
     """
     if accept_index is not None and accept_index.device.type == "cpu" and accept_index.shape[1] > 1:
         used = max(1, int((accept_index >= 0).sum(dim=1).max()))
@@ -174,6 +182,8 @@ def register() -> None:
                           ordering_hook, HookType.AFTER)
     HookRegistry.register("sglang.srt.managers.scheduler.Scheduler.get_new_batch_prefill",
                           prefill_hook, HookType.AROUND)
+    HookRegistry.register("sglang.srt.managers.scheduler.Scheduler.on_idle", idle_hook,
+                          HookType.AFTER)
     HookRegistry.register("sglang.srt.layers.logprob_processor.compute_spec_logprobs",
                           spec_logprobs_hook, HookType.AROUND)
     from rhyme_sglang.sglang_ext import timeline

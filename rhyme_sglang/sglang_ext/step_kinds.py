@@ -118,10 +118,8 @@ def ragged_verify(worker, lens):
 def padded_logits(worker, rows: int, like):
     """The first ``rows`` rows of a ``[rows, vocab]`` logits buffer the worker keeps across
     ragged verify steps (zeros when made; grown, and remade for another dtype or vocab, as
-    needed). A fresh padded tensor each step cost a zero fill of every padding row: stop 45
-    measured 31 ms alone for a width-16 cell at batch 64 (1014 of 1088 rows padding,
-    SmolLM2's 49152-token vocab, fp32, 1 thread) against 0.7-3 ms for the rows a step really
-    runs (in the engine the saving was within that machine's step-to-step noise). Steps run
+    needed): a fresh padded tensor each step would zero-fill every padding row, which at a
+    large batch and vocabulary costs more than the rows the step really runs. Steps run
     one after another (ragged verifies run on the synchronous scheduler only, and
     a step's logits are read before the next step starts)."""
     import torch

@@ -20,7 +20,7 @@ from rhyme_sglang.core.breakdown import TimeBreakdown
 
 logger = logging.getLogger(__name__)
 BREAKDOWN = TimeBreakdown()
-_STEP = {"width": None, "rows": None, "fixed_width": None, "tokens_before": 0}
+_STEP = {"width": None, "rows": None, "fixed_width": None}
 
 
 def note_width(width: int, rows=None) -> None:
@@ -134,8 +134,8 @@ class _PeerCommands:
 def maybe_serve(server_args) -> None:
     """In a scheduler process without RHYME, serve ``breakdown`` (and ``ngram_seed``) on the
     control address."""
+    from rhyme_sglang.sglang_ext import ALGORITHM
     from rhyme_sglang.sglang_ext.config import RhymeConfig
-    from rhyme_sglang.sglang_ext.plugin import ALGORITHM
 
     algo = str(getattr(server_args, "speculative_algorithm", "") or "").upper()
     addr = RhymeConfig.from_env().control_addr

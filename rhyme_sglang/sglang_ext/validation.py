@@ -101,6 +101,19 @@ def check_rhyme_params(sampling_params) -> None:
         raise ValueError(f"custom_params.rhyme_sample must be an integer >= 0, got {sample!r}")
 
 
+def custom_param(req, key: str):
+    """A RHYME custom parameter of a scheduler request, None when absent or malformed
+    (requests are validated before they reach the scheduler; this keeps a bad value from
+    stopping it)."""
+    params = getattr(req.sampling_params, "custom_params", None)
+    value = params.get(key) if isinstance(params, dict) else None
+    try:
+        check_rhyme_params({"custom_params": {key: value}})
+    except ValueError:
+        return None
+    return value
+
+
 def check_token_ids(input_ids, vocab_size: int) -> None:
     """Raise ``ValueError`` naming the first token id outside ``[0, vocab_size)``."""
     if input_ids is None:

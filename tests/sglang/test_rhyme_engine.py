@@ -143,7 +143,7 @@ def test_cost_model_starts_from_the_last_engines_step_costs(tiny, engines, basel
 
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert len(lines) >= GREEDY["max_new_tokens"] // 8  # one per decode step
-    reasons = {"best", "explore", "reexplore", "close_call", "baseline", "rest"}
+    reasons = {"best", "explore", "reexplore", "close_call", "baseline", "probe", "rest"}
     for line in lines:
         assert line["reason"] in reasons and line["bs"] >= 1 and line["seconds"] > 0
         assert line["keys"] >= line["bs"]  # every request's context
