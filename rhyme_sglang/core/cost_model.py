@@ -63,33 +63,18 @@ Standard library and numpy.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from rhyme_sglang.core.calibration import PRIOR_VERIFIES, AcceptanceCalibration
+from rhyme_sglang.core.decision import Decision
 from rhyme_sglang.core.horizon import Horizon
 from rhyme_sglang.core.node_search import DraftNodes, best_prefix
 from rhyme_sglang.core.probes import ProbeClock, probe_counts, probe_width
 from rhyme_sglang.core.step_table import PLAIN, StepCostTable, bucket_of
 
 __all__ = ["PLAIN", "Decision", "SpecCostModel", "bucket_of", "check_widths", "default_widths"]
-
-
-class Decision(NamedTuple):
-    """One decode step's decision (:meth:`SpecCostModel.decide`)."""
-
-    width: int  # the step's cell: 0 (plain) or a verify width
-    counts: Optional[List[int]] = None  # per-request draft nodes (ragged); None: all at ``width``
-    # why: "best", "explore" (a cell not yet run here), "reexplore" (the stalest cell, every
-    # reexplore_every decisions), "close_call", "probe", "baseline" (plain measured first),
-    # or the caller's own ("fixed", "cycle", "rest")
-    reason: str = "best"
-    # the best verify rate over the plain rate (0: no verify had a gain; None: plain was
-    # chosen to measure it); the worker skips drafting after clear losses
-    advantage: Optional[float] = 0.0
-    promising: bool = False  # the drafts would have allowed a probe
-    probe_predicted: float = 0.0  # a probe's face-value expected accepted drafts
 
 
 def check_widths(widths: Sequence[int], max_width: Optional[int] = None) -> Tuple[int, ...]:

@@ -4,14 +4,15 @@ With ``cycle_widths`` the worker's steps run plain and every verify width in eve
 a lossless test sees each kind follow each other kind. With ``ragged``, every other verify
 step gives request ``i`` ``(i + step) % (width + 1)`` draft nodes (0 included).
 
-Standard library only.
+Standard library and core only.
 """
 
 from __future__ import annotations
 
 from typing import Tuple
 
-from rhyme_sglang.core.cost_model import PLAIN, Decision
+from rhyme_sglang.core.decision import Decision
+from rhyme_sglang.core.step_table import PLAIN
 
 
 class CycleWidths:

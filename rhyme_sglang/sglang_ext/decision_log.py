@@ -12,7 +12,7 @@ import os
 from typing import Optional, Sequence
 
 from rhyme_sglang import settings
-from rhyme_sglang.core.cost_model import Decision
+from rhyme_sglang.core.decision import Decision
 
 logger = logging.getLogger(__name__)
 

@@ -37,7 +37,8 @@ from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
 from rhyme_sglang.core import DraftStore
 from rhyme_sglang.core.breakdown import decode_kind
-from rhyme_sglang.core.cost_model import PLAIN, Decision, SpecCostModel, check_widths, default_widths
+from rhyme_sglang.core.cost_model import PLAIN, SpecCostModel, check_widths, default_widths
+from rhyme_sglang.core.decision import Decision
 from rhyme_sglang.core.draft import Draft, best_first_order, expected_accepts, truncate
 from rhyme_sglang.core.draft_rest import DraftRest
 from rhyme_sglang.core.health import SpecHealth
