@@ -12,19 +12,11 @@ _spec = importlib.util.spec_from_file_location("import_cycles", ROOT / "scripts"
 import_cycles = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(import_cycles)
 
-# Circles other changes are cutting (issue 50: sglang_ext's, by the helper refactoring the worker).
-# This list must become empty; never add to it.
-KNOWN = [
-    ["rhyme_sglang.sglang_ext.commands", "rhyme_sglang.sglang_ext.plugin",
-     "rhyme_sglang.sglang_ext.timeline", "rhyme_sglang.sglang_ext.worker"],
-]
-
-
-def test_no_import_circles_outside_the_known_list():
+def test_no_import_circles():
     graph = import_cycles.import_graph(ROOT)
     assert "rhyme_sglang.core.store" in graph and "benchmarks.bench_rollout" in graph
     found = import_cycles.cycles(graph)
-    assert [c for c in found if c not in KNOWN] == []
+    assert found == []
 
 
 def test_cycles_finds_lazy_relative_and_attribute_imports(tmp_path):
