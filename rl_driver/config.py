@@ -401,11 +401,11 @@ class RunConfig:
     def replace(self, **changes) -> "RunConfig":
         return dataclasses.replace(self, **changes)
 
-    def resolved(self, engine_dtype=None, cores=None) -> "RunConfig":
+    def resolved(self, engine_dtype=None, cores=None, train_dtype=None) -> "RunConfig":
         """This config with the machine's choices made concrete: ``engine.dtype: auto`` (by
         ``engine_dtype(requested)``, default the measured :func:`rhyme_sglang.dtypes.resolve_dtype`),
-        ``train.autocast_bf16: auto`` (true iff the engines run bf16 and this machine computes
-        bf16 natively, so rollout and trainer logprobs come from the same number format),
+        ``train.autocast_bf16: auto`` (:func:`trainer_autocast`, the trainer's own measurement
+        by ``train_dtype``, default :func:`rhyme_sglang.dtypes.resolve_train_dtype`),
         ``engine.cpu_threads: 0``, ``engine.kernel_threads: 0`` and
         ``train.num_threads: 0`` (the thread rules on ``cores`` usable cores). Idempotent."""
         from rhyme_sglang import dtypes, machine
@@ -415,7 +415,7 @@ class RunConfig:
         dtype = pick(self.engine.dtype)
         autocast = self.train.autocast_bf16
         if autocast == "auto":
-            autocast = trainer_autocast(self.engine.dtype, pick)
+            autocast = trainer_autocast(self.engine.dtype, pick, train_dtype)
         threads = machine.choose_scheduler_threads(self.engine.cpu_threads or None, cores,
                                                    self.engine.num_engines)
         kernels = machine.choose_kernel_threads(self.engine.kernel_threads or None, cores,
@@ -435,15 +435,18 @@ class RunConfig:
                 f"trainer autocast bf16 {'on' if self.train.autocast_bf16 else 'off'}")
 
 
-def trainer_autocast(engine_dtype: str, pick=None) -> bool:
-    """What ``train.autocast_bf16: auto`` means for engines asked to run ``engine_dtype``:
-    true iff they run bf16 (``pick(engine_dtype)``, default the measured
-    :func:`rhyme_sglang.dtypes.resolve_dtype`) and this machine computes bf16 natively, so
-    rollout and trainer logprobs come from the same number format."""
-    if pick is None:
-        from rhyme_sglang.dtypes import resolve_dtype as pick
-    # an auto-chosen bf16 is native already; an explicit one is checked by the probe
-    return pick(engine_dtype) == "bfloat16" and (engine_dtype == "auto" or pick("auto") == "bfloat16")
+def trainer_autocast(engine_dtype: str, pick=None, train_pick=None) -> bool:
+    """What ``train.autocast_bf16: auto`` means for engines asked to run ``engine_dtype``: true
+    iff they run bf16 (``pick(engine_dtype)``, default the measured
+    :func:`rhyme_sglang.dtypes.resolve_dtype`), so rollout and trainer logprobs come from the
+    same number format, and the trainer's own measurement picks bf16 (``train_pick("auto")``,
+    default :func:`rhyme_sglang.dtypes.resolve_train_dtype`: training is compute-bound, so it
+    is decided on large products, not on the engines' decode steps)."""
+    from rhyme_sglang import dtypes
+
+    pick = pick or dtypes.resolve_dtype
+    train_pick = train_pick or dtypes.resolve_train_dtype
+    return pick(engine_dtype) == "bfloat16" and train_pick("auto") == "bfloat16"
 
 
 SECTIONS = {"engine": EngineConfig, "rollout": RolloutConfig, "task": TaskConfig,

@@ -121,41 +121,53 @@ def _pick(fast_bf16: bool):
 def test_trainer_autocast_follows_the_engines_dtype():
     """The rule a Trainer built outside a RunConfig (bench_rollout) applies to ``auto`` too."""
     for fast in (True, False):
-        assert trainer_autocast("float32", _pick(fast)) is False
-        assert trainer_autocast("auto", _pick(fast)) is fast
-        assert trainer_autocast("bfloat16", _pick(fast)) is fast
+        assert trainer_autocast("float32", _pick(fast), _pick(fast)) is False
+        assert trainer_autocast("auto", _pick(fast), _pick(fast)) is fast
+        assert trainer_autocast("bfloat16", _pick(fast), _pick(fast)) is fast
+
+
+def test_trainer_autocast_is_decided_by_the_trainers_own_probe():
+    """Engines in bf16 (their decode probe, or the user) train in bf16 only where the trainer's
+    GEMM probe says large bf16 products are fast; engines in fp32 never autocast."""
+    assert trainer_autocast("bfloat16", _pick(True), _pick(False)) is False
+    assert trainer_autocast("auto", _pick(True), _pick(False)) is False
+    assert trainer_autocast("auto", _pick(False), _pick(True)) is False
+    assert trainer_autocast("bfloat16", _pick(False), _pick(True)) is True
 
 
 def test_auto_dtype_autocast_and_threads_resolve_by_machine():
     cfg = load_config(str(CONFIGS / "demo.yaml"))
     assert cfg.engine.dtype == "auto" and cfg.train.autocast_bf16 == "auto"
-    slow = cfg.resolved(engine_dtype=_pick(False), cores=2)
+    slow = cfg.resolved(engine_dtype=_pick(False), train_dtype=_pick(False), cores=2)
     assert slow.engine.dtype == "float32" and slow.train.autocast_bf16 is False
     assert slow.engine.cpu_threads == 1 and slow.train.num_threads == 2
     assert slow.engine.kernel_threads == 1  # the demo's 2 engines share the 2 cores
     assert slow.engine.server_args("/m")["kernel_threads"] == 1
     assert slow.engine.server_args("/m")["dtype"] == "float32"
-    fast = cfg.resolved(engine_dtype=_pick(True), cores=16)
+    fast = cfg.resolved(engine_dtype=_pick(True), train_dtype=_pick(True), cores=16)
     assert fast.engine.dtype == "bfloat16" and fast.train.autocast_bf16 is True
     assert fast.engine.cpu_threads == 7 and fast.train.num_threads == 16
     assert fast.engine.kernel_threads == 8
-    assert fast.resolved(engine_dtype=_pick(False), cores=2) == fast  # concrete values stay
+    again = fast.resolved(engine_dtype=_pick(False), train_dtype=_pick(False), cores=2)
+    assert again == fast  # concrete values stay
 
 
 def test_explicit_dtype_autocast_and_threads_win():
     cfg = config_from_dict({"engine": {"dtype": "float32", "cpu_threads": 3},
                             "train": {"autocast_bf16": False, "num_threads": 1}})
-    out = cfg.resolved(engine_dtype=_pick(True), cores=16)
+    out = cfg.resolved(engine_dtype=_pick(True), train_dtype=_pick(True), cores=16)
     assert out.engine.dtype == "float32" and out.train.autocast_bf16 is False
     assert out.engine.cpu_threads == 3 and out.train.num_threads == 1
     assert out.engine.server_args("/m")["cpu_threads"] == 3
     # autocast auto follows the engines: an fp32 engine on a fast-bf16 machine trains in fp32,
     # so rollout and trainer logprobs agree; a bf16 engine on a slow-bf16 machine too
-    fp32 = config_from_dict({"engine": {"dtype": "float32"}}).resolved(engine_dtype=_pick(True))
+    fp32 = config_from_dict({"engine": {"dtype": "float32"}}).resolved(
+        engine_dtype=_pick(True), train_dtype=_pick(True))
     assert fp32.train.autocast_bf16 is False
     bf16 = config_from_dict({"engine": {"dtype": "bfloat16"}})
-    assert bf16.resolved(engine_dtype=_pick(True)).train.autocast_bf16 is True
-    assert bf16.resolved(engine_dtype=_pick(False)).train.autocast_bf16 is False
+    for fast in (True, False):
+        out = bf16.resolved(engine_dtype=_pick(fast), train_dtype=_pick(fast))
+        assert out.train.autocast_bf16 is fast
     with pytest.raises(ConfigError, match="'train.autocast_bf16'.*yes"):
         config_from_dict({"train": {"autocast_bf16": "yes"}})
     with pytest.raises(ConfigError, match="'engine.cpu_threads'.*-1"):
