@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 
-from benchmarks.common import (cpu_engine_env, op_and_engine_parser, servers_side_by_side,
+from benchmarks.common import (op_and_engine_parser, servers_side_by_side,
                                write_json)
 from rhyme_sglang import settings
 
@@ -111,7 +111,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="small op cases, tiny model engine")
     parser.add_argument("--json", default="out/attention.json")
     args = parser.parse_args(argv)
-    cpu_engine_env()
+    settings.prepare_cpu_env()
 
     import torch
     from transformers import AutoConfig

@@ -89,6 +89,7 @@ from pathlib import Path
 
 from benchmarks.common import epoch_total, write_json
 from benchmarks.rollout_requests import MODES, build_prompts, timed_pairs  # noqa: F401 (re-exported)
+from rhyme_sglang.settings import prepare_cpu_env
 
 logger = logging.getLogger("benchmarks.bench_rollout")
 # --prompts by policy: one count per --datasets entry (base), one total count (warm_start)
@@ -501,7 +502,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     logger.setLevel(logging.INFO)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    prepare_cpu_env()
 
     from rhyme_sglang.dtypes import resolve_dtype
     from rhyme_sglang.machine import cpu_flags

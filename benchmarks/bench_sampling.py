@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import time
 
-from benchmarks.common import (cpu_engine_env, op_and_engine_parser, servers_side_by_side,
+from benchmarks.common import (op_and_engine_parser, servers_side_by_side,
                                write_json)
+from rhyme_sglang import settings
 
 OP_BATCHES = (1, 8, 32, 64)
 ENGINE_BATCHES = (1, 8, 32)
@@ -59,7 +60,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="fewer repeats, tiny model engine")
     parser.add_argument("--json", default="out/sampling.json")
     args = parser.parse_args(argv)
-    cpu_engine_env()
+    settings.prepare_cpu_env()
 
     import torch
     from transformers import AutoConfig

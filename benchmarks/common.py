@@ -63,13 +63,6 @@ def op_and_engine_parser(prog: str, prompt_len: int, repeats: int) -> argparse.A
     return parser
 
 
-def cpu_engine_env() -> None:
-    """One compute thread and the CPU engine for a benchmark process, unless already set."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
 def servers_side_by_side(model_path: str, dtype: str, env_name: str, impls: tuple[str, str],
                          prompts, batches, new_tokens: int, rounds: int,
                          temperature: float = 0.0, log_prefix: str = "/tmp/bench") -> dict:

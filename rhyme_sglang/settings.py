@@ -160,13 +160,17 @@ def cache_root(env: Optional[Mapping[str, str]] = None) -> Path:
     return Path(base) / "rhyme_sglang"
 
 
-def prepare_cpu_env(env: Optional[dict] = None, override: bool = False) -> dict:
+def prepare_cpu_env(env: Optional[dict] = None, override: bool = False,
+                    cpu_engine: bool = True) -> dict:
     """Set what a CPU process needs before torch or sglang is imported in ``env`` (the process
     environment by default), each only where unset unless ``override`` (a server process the
     library launches: its helper processes stay single-threaded whatever the caller set);
-    returns ``env``."""
+    ``cpu_engine=False`` (a process with a GPU) leaves sglang's engine choice alone. Returns
+    ``env``."""
     env = os.environ if env is None else env
     for name, value in CPU_ENV_DEFAULTS.items():
+        if name == "SGLANG_USE_CPU_ENGINE" and not cpu_engine:
+            continue
         if override:
             env[name] = value
         else:

@@ -17,12 +17,11 @@ def set_process_env(joining: bool = False) -> None:
     new local cluster, chosen here so that Ray does not warn it picked it; Ray reads the
     variable when imported). ``joining`` an existing cluster (``--address``, ``RAY_ADDRESS``)
     leaves ``RAY_AUTH_MODE`` to the cluster's own setting."""
-    defaults = [("OMP_NUM_THREADS", "1"), ("SGLANG_USE_CPU_ENGINE", "1"),
-                ("TOKENIZERS_PARALLELISM", "false")]
+    from rhyme_sglang.settings import prepare_cpu_env
+
+    prepare_cpu_env()
     if not (joining or os.environ.get("RAY_ADDRESS")):
-        defaults.append(("RAY_AUTH_MODE", "token"))
-    for key, value in defaults:
-        os.environ.setdefault(key, value)
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 
 def _parse_override(text: str) -> tuple:

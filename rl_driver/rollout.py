@@ -47,13 +47,12 @@ class RolloutActor:
     """One engine per actor process (sglang keeps server args in process-global state)."""
 
     def __init__(self, engine_kwargs: Dict[str, Any], rhyme: bool = False, name: str = "engine"):
-        import os
-
         import ray
 
-        if not ray.get_gpu_ids():  # a GPU engine's devices come from Ray (CUDA_VISIBLE_DEVICES)
-            os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        from rhyme_sglang.settings import prepare_cpu_env
+
+        # a GPU engine's devices come from Ray (CUDA_VISIBLE_DEVICES)
+        prepare_cpu_env(cpu_engine=not ray.get_gpu_ids())
         logging.basicConfig(level=logging.INFO)
         self.name = name
         self.rhyme = rhyme
