@@ -42,6 +42,7 @@ def cluster():
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_health_check_period_ms="1000",
                RAY_health_check_failure_threshold="3", RAY_health_check_timeout_ms="1000")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.pop("RAY_ADDRESS", None)  # this cluster only, whatever the caller's shell points at
     c = LoopbackCluster(env)
     try:
         c.add_node("node_a", {"node_a": 1})
