@@ -2,7 +2,7 @@
 :class:`RhymeConfig`'s fields (their ``help`` metadata): the one source of both.
 
 ``docs/flags.md`` holds every flag's row, ``README.md`` the rows of :data:`MAIN`;
-``tests/test_flags_help.py`` compares both with :func:`markdown_rows`."""
+``tests/sglang/test_flags_help.py`` compares both with :func:`markdown_rows`."""
 
 from __future__ import annotations
 

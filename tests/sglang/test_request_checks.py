@@ -27,7 +27,7 @@ def test_good_rhyme_params_pass(params):
 
 def test_worker_ignores_malformed_values_it_reads():
     """The scheduler-side reader never hands a malformed value to the store (defence in depth)."""
-    from rhyme_sglang.sglang_ext.worker import _custom
+    from rhyme_sglang.sglang_ext.validation import custom_param as _custom
 
     def req(custom):
         return SimpleNamespace(sampling_params=SimpleNamespace(custom_params=custom))

@@ -16,7 +16,7 @@ from rhyme_sglang.sglang_ext.config import RhymeConfig
 from rhyme_sglang.sglang_ext.flags import (
     GROUP, MAIN, default_text, flag, markdown_rows, user_fields)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_every_field_has_help_text():
