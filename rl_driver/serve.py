@@ -38,10 +38,10 @@ class ServerHost:
 
         self.ip = ray.util.get_node_ip_address()
         self.port = free_port("")
-        env = dict(os.environ)
-        if not ray.get_gpu_ids():  # a GPU server's devices come from Ray (CUDA_VISIBLE_DEVICES)
-            env.setdefault("SGLANG_USE_CPU_ENGINE", "1")
-            env.setdefault("OMP_NUM_THREADS", "1")
+        from rhyme_sglang.settings import prepare_cpu_env
+
+        # a GPU server's devices come from Ray (CUDA_VISIBLE_DEVICES)
+        env = prepare_cpu_env(dict(os.environ), cpu_engine=not ray.get_gpu_ids())
         self._log = open(log_path, "ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rhyme_sglang.launch_server", "--host", "0.0.0.0",
