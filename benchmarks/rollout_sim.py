@@ -197,6 +197,7 @@ class TraceStepper(Stepper):
         self.mode, self.source, self.table, self.cfg, self.cm = mode, source, table, cfg, cost_model
         self.tokens = self.verify_steps = self.plain_steps = self.accepted = self.request_steps = 0
         self.prefilled = 0
+        self.prefill_s: Dict[int, float] = {}  # per engine
         self._caches: Dict[int, PrefixCache] = {}
         self._queued = 0.0  # the stepping engine's waiting queue, predicted tokens
 
@@ -214,7 +215,9 @@ class TraceStepper(Stepper):
         cache = self._caches.setdefault(engine, PrefixCache())
         tokens = cache.admit(requests, self.mode.group_prefill, self.cfg.length_scale)
         self.prefilled += tokens
-        return self.table.forward_seconds(tokens)
+        seconds = self.table.forward_seconds(tokens)
+        self.prefill_s[engine] = self.prefill_s.get(engine, 0.0) + seconds
+        return seconds
 
     def _drafts(self, running) -> List[Draft]:
         k = self.cfg.k
@@ -282,13 +285,15 @@ def _by_epoch(records: Sequence[TraceRecord]) -> Dict[int, List[TraceRecord]]:
 
 
 def run_mode(name: str, records: Sequence[TraceRecord], table, cfg: SimConfig,
-             backend: str = "auto") -> dict:
+             backend: str = "auto", source=None) -> dict:
     """Simulate every epoch of ``records`` under mode ``name``; makespan sums epochs >= 1
-    (epoch 0 builds the history, as in bench_rollout)."""
+    (epoch 0 builds the history, as in bench_rollout). ``source``: a prepared draft source
+    (e.g. a store holding imported history) used instead of a fresh one of the mode's kind."""
     from .replay import make_source
 
     mode = MODES[name]
-    source = make_source(mode.source, cfg.k, backend) if mode.source else None
+    if source is None and mode.source:
+        source = make_source(mode.source, cfg.k, backend)
     cm = SpecCostModel(widths=default_widths(cfg.k)) if mode.width == "adaptive" else None
     order = cfg.order or mode.order
     lengths = LengthStats(default=float(statistics.fmean(len(r.response_token_ids) for r in records)))
@@ -322,7 +327,8 @@ def run_mode(name: str, records: Sequence[TraceRecord], table, cfg: SimConfig,
             "prefill_tokens": stepper.prefilled,
             "tau": stepper.tokens / max(1, stepper.request_steps),
             "accepted_draft_tokens": stepper.accepted, "migrations": res["migrations"],
-            "engine_busy_s": res["engine_busy_s"]}
+            "engine_busy_s": res["engine_busy_s"],
+            "engine_prefill_s": [stepper.prefill_s.get(e, 0.0) for e in range(cfg.engines)]}
         logger.info("%s epoch %d: %.2f s simulated (%.1f s wall)", name, epoch, res["makespan_s"],
                     time.perf_counter() - t0)
     timed = [v["makespan_s"] for e, v in per_epoch.items() if int(e) >= 1] or \
