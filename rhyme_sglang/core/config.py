@@ -18,6 +18,12 @@ def _check_float(name: str, value: float, lo: float, hi: float) -> None:
         raise ValueError(f"{name} must be a finite number in [{lo}, {hi}], got {value!r}")
 
 
+def check_run_ahead_weight(value: float, name: str = "run_ahead_weight") -> None:
+    """ValueError naming `name` unless `value` is a finite number in (0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
+        raise ValueError(f"{name} must be a number in (0, 1], got {value!r}")
+
+
 @dataclass(frozen=True)
 class WindowConfig:
     """Constants of the per-request draft window (see `window.SpecWindow` for the rule)."""
@@ -63,6 +69,8 @@ class StoreConfig:
     `memory_budget` (bytes) bounds `DraftStore.history_bytes()`: prompt and global tries plus
     response records; over it, the least recently used prompt loses its oldest epoch, repeatedly.
     `history_epochs` keeps only the newest epochs (1 = latest epoch only; None = all).
+    A run-ahead (draft-only) record weighs `run_ahead_weight` (in (0, 1]) times a real response
+    of its epoch with a neutral reward.
     """
 
     max_depth: int = 24
@@ -89,6 +97,7 @@ class StoreConfig:
     combine: str = "mix"
     memory_budget: Optional[int] = None
     default_length: float = 512.0
+    run_ahead_weight: float = 0.5
     window: WindowConfig = field(default_factory=WindowConfig)
 
     def __post_init__(self) -> None:
@@ -119,6 +128,7 @@ class StoreConfig:
         if self.memory_budget is not None:
             _check_int("memory_budget", self.memory_budget, 0)
         _check_float("default_length", self.default_length, 0.0, 1e9)
+        check_run_ahead_weight(self.run_ahead_weight)
         if not isinstance(self.window, WindowConfig):
             raise ValueError(f"window must be a WindowConfig, got {type(self.window).__name__}")
 

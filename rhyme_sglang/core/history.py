@@ -36,7 +36,11 @@ def check_tokens(tokens: Sequence[int], name: str) -> array:
 
 @dataclass
 class ResponseRecord:
-    """One finished response held in the history (`seq` = prompt tail + response tokens)."""
+    """One finished response held in the history (`seq` = prompt tail + response tokens).
+
+    A `run_ahead` record is draft-only: a run-ahead request's tokens (finished or aborted). It
+    drafts with its weight scaled by `StoreConfig.run_ahead_weight`, takes no reward, has its
+    own sample numbers (never colliding with a real response's) and no length statistics."""
 
     key: str
     epoch: int
@@ -49,19 +53,29 @@ class ResponseRecord:
     request_id: Optional[str] = None
     in_global: bool = False
     alive: bool = True
+    run_ahead: bool = False
 
     def to_state(self) -> dict:
-        """The record as plain data (`seq` stays an int32 array); see `DraftStore.to_state`."""
-        return {"key": self.key, "epoch": self.epoch, "sample": self.sample, "seq": self.seq,
-                "len": self.response_len, "reward": self.reward, "factor": self.factor,
-                "weight": self.weight, "rid": self.request_id, "global": self.in_global}
+        """The record as plain data (`seq` stays an int32 array); see `DraftStore.to_state`.
+        `"run_ahead": True` only on draft-only records (absent means False)."""
+        out = {"key": self.key, "epoch": self.epoch, "sample": self.sample, "seq": self.seq,
+               "len": self.response_len, "reward": self.reward, "factor": self.factor,
+               "weight": self.weight, "rid": self.request_id, "global": self.in_global}
+        if self.run_ahead:
+            out["run_ahead"] = True
+        return out
 
     @classmethod
     def from_state(cls, state: dict) -> "ResponseRecord":
         """The record `to_state` gave; KeyError, TypeError or ValueError when malformed."""
+        run_ahead = state.get("run_ahead", False)
+        if not isinstance(run_ahead, bool):
+            raise ValueError(f"record run_ahead must be a bool, got {run_ahead!r}")
+        if run_ahead and state["reward"] is not None:
+            raise ValueError("a run-ahead record takes no reward")
         return cls(state["key"], int(state["epoch"]), int(state["sample"]), array("i", state["seq"]),
                    int(state["len"]), state["reward"], float(state["factor"]), int(state["weight"]),
-                   state["rid"], bool(state["global"]))
+                   state["rid"], bool(state["global"]), run_ahead=run_ahead)
 
 
 @dataclass
@@ -78,22 +92,31 @@ class ActiveRequest:
     reward: Optional[float] = None
     last_draft: Optional[object] = None
     stream: int = -1  # the live trie's handle of `seq` as a growing stream (SuffixTrie.open_stream)
+    run_ahead: bool = False  # its response joins the history as a draft-only record
 
 
 class EpochRecords(list):
     """One epoch's responses to a prompt, indexed by sample number (``find`` and
     ``next_sample`` in O(1): a prompt sampled thousands of times per epoch, as the lossless
-    tests do, made the linear scans quadratic). Mutate it through ``append``/``remove`` only."""
+    tests do, made the linear scans quadratic). Real and run-ahead (draft-only) records have
+    separate sample spaces, each with its own index. Mutate it through ``append``/``remove``
+    only."""
 
     def __init__(self):
         super().__init__()
-        self.by_sample: Dict[int, ResponseRecord] = {}
-        self.max_sample = -1
+        self._index: Dict[bool, Dict[int, ResponseRecord]] = {False: {}, True: {}}
+        self._max: Dict[bool, int] = {False: -1, True: -1}
+
+    def find(self, sample: int, run_ahead: bool = False) -> Optional[ResponseRecord]:
+        return self._index[run_ahead].get(sample)
+
+    def next_sample(self, run_ahead: bool = False) -> int:
+        return 1 + self._max[run_ahead]
 
     def append(self, rec: ResponseRecord) -> None:
         super().append(rec)
-        self.by_sample.setdefault(rec.sample, rec)
-        self.max_sample = max(self.max_sample, rec.sample)
+        self._index[rec.run_ahead].setdefault(rec.sample, rec)
+        self._max[rec.run_ahead] = max(self._max[rec.run_ahead], rec.sample)
 
     def extend(self, records) -> None:
         for rec in records:
@@ -105,13 +128,14 @@ class EpochRecords(list):
         if i is None:
             raise ValueError(f"record of sample {rec.sample} is not in this epoch")
         del self[i]
-        if self.by_sample.get(rec.sample) is rec:
-            del self.by_sample[rec.sample]
-            other = next((r for r in self if r.sample == rec.sample), None)
+        kind, index = rec.run_ahead, self._index[rec.run_ahead]
+        if index.get(rec.sample) is rec:
+            del index[rec.sample]
+            other = next((r for r in self if r.sample == rec.sample and r.run_ahead == kind), None)
             if other is not None:
-                self.by_sample[rec.sample] = other
-        if rec.sample == self.max_sample:
-            self.max_sample = max((r.sample for r in self), default=-1)
+                index[rec.sample] = other
+        if rec.sample == self._max[kind]:
+            self._max[kind] = max((r.sample for r in self if r.run_ahead == kind), default=-1)
 
 
 @dataclass
@@ -136,9 +160,11 @@ class PromptHistory:
             group = self.records[epoch] = EpochRecords()
         return group
 
-    def find(self, epoch: int, sample: int) -> Optional[ResponseRecord]:
+    def find(self, epoch: int, sample: int, run_ahead: bool = False) -> Optional[ResponseRecord]:
+        """The record of (epoch, sample) among the real responses, or among the draft-only
+        ones with `run_ahead`."""
         group = self.records.get(epoch)
-        return None if group is None else group.by_sample.get(sample)
+        return None if group is None else group.find(sample, run_ahead)
 
     def latest_with_sample(self, sample: int) -> Optional[ResponseRecord]:
         for epoch in sorted(self.records, reverse=True):
@@ -147,9 +173,9 @@ class PromptHistory:
                 return rec
         return None
 
-    def next_sample(self, epoch: int) -> int:
+    def next_sample(self, epoch: int, run_ahead: bool = False) -> int:
         group = self.records.get(epoch)
-        return 0 if group is None else 1 + group.max_sample
+        return 0 if group is None else group.next_sample(run_ahead)
 
 
 def tail_of(prompt_token_ids: Sequence[int], config: StoreConfig) -> List[int]:

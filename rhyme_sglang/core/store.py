@@ -64,8 +64,13 @@ class DraftStore(HistoryUpkeep):
 
     # ----------------------------------------------------------------- lifecycle
     def start_request(self, request_id: str, prompt_token_ids: Sequence[int],
-                      prompt_id: Optional[str] = None, sample: Optional[int] = None) -> str:
-        """Begin tracking a request; returns the prompt key. Duplicate ids raise ValueError."""
+                      prompt_id: Optional[str] = None, sample: Optional[int] = None, *,
+                      run_ahead: bool = False) -> str:
+        """Begin tracking a request; returns the prompt key. Duplicate ids raise ValueError.
+        A `run_ahead` request's response joins the history as a draft-only record (see
+        `finish_request`)."""
+        if not isinstance(run_ahead, bool):
+            raise ValueError(f"run_ahead must be a bool, got {run_ahead!r}")
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty str, got {request_id!r}")
         if request_id in self._requests:
@@ -76,7 +81,8 @@ class DraftStore(HistoryUpkeep):
         key = prompt_key(prompt, prompt_id)
         ph = self._touch(key, prompt)
         req = ActiveRequest(request_id, key, sample, self.epoch, len(ph.prompt_tail),
-                            array("i", ph.prompt_tail), SpecWindow(self.config.window))
+                            array("i", ph.prompt_tail), SpecWindow(self.config.window),
+                            run_ahead=run_ahead)
         if self.config.use_live:
             if ph.live is None:
                 ph.live = self._new_trie()
@@ -88,6 +94,12 @@ class DraftStore(HistoryUpkeep):
         ph.num_active += 1
         self._requests[request_id] = req
         return key
+
+    def mark_run_ahead(self, request_id: str) -> None:
+        """Make an active request a run-ahead one (as `start_request(..., run_ahead=True)`);
+        a reward it was given is dropped."""
+        req = self._request(request_id)
+        req.run_ahead, req.reward = True, None
 
     def add_tokens(self, request_id: str, tokens: Sequence[int]) -> None:
         """Append generated tokens; in-flight siblings see them through the live trie."""
@@ -104,9 +116,14 @@ class DraftStore(HistoryUpkeep):
     def finish_request(self, request_id: str, reward: Optional[float] = None, *,
                        add_to_history: bool = True) -> Optional[ResponseRecord]:
         """Stop a request; its response joins the prompt's history unless `add_to_history` is
-        False (e.g. replay in history mode adds a whole epoch at once)."""
+        False (e.g. replay in history mode adds a whole epoch at once). A run-ahead request's
+        response of at least one token joins as a draft-only record (`reward` is ignored), in
+        the run-ahead sample space: its own sample, or the next free one when that is held."""
         req = self._request(request_id)
-        reward = W.check_reward(reward) if reward is not None else req.reward
+        if req.run_ahead:
+            reward = None
+        else:
+            reward = W.check_reward(reward) if reward is not None else req.reward
         del self._requests[request_id]
         ph = self._prompts[req.key]
         if ph.live is not None:
@@ -118,19 +135,29 @@ class DraftStore(HistoryUpkeep):
         if not add_to_history or self._too_old(req.epoch):
             return None
         response = req.seq[req.prefix_len:]
-        sample = req.sample if req.sample is not None else ph.next_sample(req.epoch)
-        if ph.find(req.epoch, sample) is not None:
-            sample = ph.next_sample(req.epoch)
-        rec = self._add_record(ph, response, req.epoch, sample, reward, request_id)
+        if req.run_ahead and not response:
+            self._drop_if_empty(ph)
+            return None
+        ahead = req.run_ahead
+        sample = req.sample if req.sample is not None else ph.next_sample(req.epoch, ahead)
+        if ph.find(req.epoch, sample, ahead) is not None:
+            sample = ph.next_sample(req.epoch, ahead)
+        rec = self._add_record(ph, response, req.epoch, sample, reward, request_id, ahead)
         self._enforce_budget()
         return rec
 
     def add_response(self, prompt_id: Optional[str], prompt_token_ids: Sequence[int],
                      response_token_ids: Sequence[int], epoch: int,
                      reward: Optional[float] = None,
-                     sample: Optional[int] = None) -> Optional[ResponseRecord]:
+                     sample: Optional[int] = None, *,
+                     run_ahead: bool = False) -> Optional[ResponseRecord]:
         """Add a whole finished response (replay, trace loading). Returns its record, or None
-        when `epoch` is already outside the kept history window."""
+        when `epoch` is already outside the kept history window. `run_ahead`: a draft-only
+        record (no reward: `reward` must be None), in the run-ahead sample space."""
+        if not isinstance(run_ahead, bool):
+            raise ValueError(f"run_ahead must be a bool, got {run_ahead!r}")
+        if run_ahead and reward is not None:
+            raise ValueError(f"a run-ahead response takes no reward, got {reward!r}")
         if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
             raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
         if sample is not None and (not isinstance(sample, int) or sample < 0):
@@ -143,21 +170,26 @@ class DraftStore(HistoryUpkeep):
             return None
         ph = self._touch(key, prompt)
         if sample is None:
-            sample = ph.next_sample(epoch)
-        elif ph.find(epoch, sample) is not None:
-            raise ValueError(f"prompt {key!r} already has a response for epoch {epoch} sample {sample}")
-        rec = self._add_record(ph, response, epoch, sample, reward, None)
+            sample = ph.next_sample(epoch, run_ahead)
+        elif ph.find(epoch, sample, run_ahead) is not None:
+            kind = "run-ahead response" if run_ahead else "response"
+            raise ValueError(f"prompt {key!r} already has a {kind} for epoch {epoch} sample {sample}")
+        rec = self._add_record(ph, response, epoch, sample, reward, None, run_ahead)
         self._enforce_budget()
         return rec
 
     def set_reward(self, target: RewardTarget, reward: float) -> None:
         """Attach a reward to a finished request id, an active one (applied when it finishes), or
-        `(prompt_id, sample)` (the newest epoch holding that sample)."""
+        `(prompt_id, sample)` (the newest epoch holding that sample). Run-ahead requests and
+        records take no reward: a request id of one is unknown here, and `(prompt_id, sample)`
+        names the real response."""
         reward = W.check_reward(reward)
         if reward is None:
             raise ValueError("reward must be a finite number, got None")
         if isinstance(target, str):
             if target in self._requests:
+                if self._requests[target].run_ahead:
+                    raise ValueError(f"request {target!r} is a run-ahead request: it takes no reward")
                 self._requests[target].reward = reward
                 return
             rec = self._finished.get(target)
@@ -177,7 +209,8 @@ class DraftStore(HistoryUpkeep):
     def has_reward_target(self, target: RewardTarget) -> bool:
         """Whether `set_reward(target, r)` would find its response (check before a batch)."""
         if isinstance(target, str):
-            return target in self._requests or target in self._finished
+            req = self._requests.get(target)
+            return (req is not None and not req.run_ahead) or target in self._finished
         if isinstance(target, tuple) and len(target) == 2:
             ph = self._prompts.get(target[0])
             return ph is not None and ph.latest_with_sample(target[1]) is not None
@@ -297,6 +330,14 @@ class DraftStore(HistoryUpkeep):
             out.update(self._reward_fit.summary())
         return out
 
+    def has_prompt(self, prompt_id: str) -> bool:
+        return prompt_id in self._prompts
+
+    @property
+    def num_run_ahead(self) -> int:
+        """Live draft-only (run-ahead) records; O(records)."""
+        return sum(1 for r in self.records() if r.run_ahead)
+
     def records(self):
         """All stored response records, least recently used prompt first."""
         for ph in self._prompts.values():
@@ -320,6 +361,8 @@ class DraftStore(HistoryUpkeep):
             return False
         if any(r.weight < 1 or r.factor <= 0 or r.key not in self._prompts for r in recs):
             return False
+        if any(r.run_ahead and (r.reward is not None or r.factor != 1.0) for r in recs):
+            return False
         if any(ph.num_active != sum(1 for q in self._requests.values() if q.key == k)
                for k, ph in self._prompts.items()):
             return False
@@ -332,6 +375,27 @@ class DraftStore(HistoryUpkeep):
         return all(id(r) in ids for r in self._finished.values())
 
     # ----------------------------------------------------------------- moving history
+    def prompts_in_flight(self, prompt_ids: Sequence[str]) -> List[str]:
+        """Those of `prompt_ids` (in their order, once each) with a request in flight."""
+        check_prompt_ids(prompt_ids)
+        return [k for k in dict.fromkeys(prompt_ids)
+                if k in self._prompts and self._prompts[k].num_active > 0]
+
+    def drop_prompts(self, prompt_ids: Sequence[str]) -> int:
+        """Remove these prompts and their whole history (records, tries' contributions, length
+        statistics); returns how many were dropped. Unknown ids are ignored and prompts with a
+        request in flight are kept (`prompts_in_flight` names them). ValueError, and nothing
+        dropped, unless `prompt_ids` is a list or tuple of non-empty strings."""
+        check_prompt_ids(prompt_ids)
+        dropped = 0
+        for key in dict.fromkeys(prompt_ids):
+            ph = self._prompts.get(key)
+            if ph is None or ph.num_active > 0:
+                continue
+            self._drop_prompt(ph)
+            dropped += 1
+        return dropped
+
     def export_prompt(self, prompt_id: str) -> dict:
         """One prompt's history as JSON-safe data for `import_prompt` (changes nothing);
         ValueError for an unknown prompt. See `transfer`."""
@@ -416,7 +480,7 @@ class DraftStore(HistoryUpkeep):
             self._store(rec)
             self._num_records += 1
             self._num_tokens += len(rec.seq)
-            if rec.request_id is not None:
+            if rec.request_id is not None and not rec.run_ahead:
                 self._finished[rec.request_id] = rec
             if not rec.in_global:
                 self._pending_global.append(rec)
@@ -442,6 +506,13 @@ class DraftStore(HistoryUpkeep):
         else:
             self._prompts.move_to_end(key)
         return ph
+
+
+def check_prompt_ids(prompt_ids) -> None:
+    """ValueError naming `prompt_ids` unless it is a list or tuple of non-empty strings."""
+    if not isinstance(prompt_ids, (list, tuple)) or not all(
+            isinstance(k, str) and k for k in prompt_ids):
+        raise ValueError(f"prompt_ids must be a list of non-empty strings, got {prompt_ids!r:.200}")
 
 
 def _depth(draft: Draft) -> int:

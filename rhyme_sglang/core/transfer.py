@@ -3,7 +3,9 @@
 `prompt_state` turns a prompt's finished responses into JSON-safe data (ints, floats, strings);
 `parse_prompt_state` checks such data and returns what another store adds. A response keeps its
 epoch, sample, reward and request id, so the importing store rebuilds the same weights and, with
-the same epoch, the same drafts for that prompt. Used when a prompt moves between engines
+the same epoch, the same drafts for that prompt. A draft-only (run-ahead) record carries
+``"run_ahead": true``; the key is absent on real responses (and absent means false), so exports
+without run-ahead records are what the format always was. Used when a prompt moves between engines
 (routing change, restart, migration): see ``DraftStore.export_prompt`` / ``import_prompt``.
 """
 
@@ -24,14 +26,20 @@ class ImportedResponse(NamedTuple):
     response: array
     reward: Optional[float]
     request_id: Optional[str]
+    run_ahead: bool = False
 
 
 def prompt_state(ph: PromptHistory, epoch: int) -> Dict[str, Any]:
     """The history of one prompt, exported by a store whose current epoch is `epoch`."""
     tail = len(ph.prompt_tail)
-    records = [{"epoch": r.epoch, "sample": r.sample, "response": list(r.seq[tail:]),
-                "reward": r.reward, "rid": r.request_id}
-               for e in sorted(ph.records) for r in ph.records[e]]
+    records = []
+    for e in sorted(ph.records):
+        for r in ph.records[e]:
+            item = {"epoch": r.epoch, "sample": r.sample, "response": list(r.seq[tail:]),
+                    "reward": r.reward, "rid": r.request_id}
+            if r.run_ahead:
+                item["run_ahead"] = True
+            records.append(item)
     return {"format": FORMAT, "prompt_id": ph.key, "prompt_tail": list(ph.prompt_tail),
             "epoch": epoch, "records": records}
 
@@ -57,14 +65,21 @@ def parse_prompt_state(state: Any, current_epoch: int) -> Tuple[str, array, List
         for name, v in (("epoch", epoch), ("sample", sample)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"history record {name} must be an int >= 0, got {v!r}")
-        if (epoch, sample) in seen:
-            raise ValueError(f"history has two records for epoch {epoch} sample {sample}")
-        seen.add((epoch, sample))
+        run_ahead = item.get("run_ahead", False)
+        if not isinstance(run_ahead, bool):
+            raise ValueError(f"history record run_ahead must be a boolean, got {run_ahead!r}")
+        if (epoch, sample, run_ahead) in seen:
+            kind = "run-ahead records" if run_ahead else "records"
+            raise ValueError(f"history has two {kind} for epoch {epoch} sample {sample}")
+        seen.add((epoch, sample, run_ahead))
         rid = item.get("rid")
         if rid is not None and not isinstance(rid, str):
             raise ValueError(f"history record rid must be a string, got {rid!r}")
+        reward = W.check_reward(item.get("reward"))
+        if run_ahead and reward is not None:
+            raise ValueError(f"a run-ahead history record takes no reward, got {reward!r}")
         out.append(ImportedResponse(epoch, sample, check_tokens(item.get("response"), "response"),
-                                    W.check_reward(item.get("reward")), rid))
+                                    reward, rid, run_ahead))
     return key, tail, out
 
 

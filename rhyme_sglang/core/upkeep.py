@@ -22,11 +22,20 @@ class HistoryUpkeep:
     Invariant: each alive record is in its prompt's trie with `weight`, and in the global trie
     iff `in_global`; records of the open epoch wait in `_pending_global` unless
     `global_same_epoch`. Group reward factors are recomputed only for closed epochs.
+    Run-ahead (draft-only) records weigh `run_ahead_weight` times a real response of their
+    epoch, keep the neutral factor (no reward), stay out of `_finished` (no reward by request
+    id) and out of the length statistics.
     """
 
     def _too_old(self, epoch: int) -> bool:
         keep = self.config.history_epochs
         return keep is not None and epoch < self.epoch - keep
+
+    def _weight(self, rec: ResponseRecord, factor: float) -> int:
+        """The trie weight of `rec` with reward factor `factor` (scaled when draft-only)."""
+        if rec.run_ahead:
+            factor = self.config.run_ahead_weight  # no reward: the neutral factor, scaled
+        return W.response_weight(factor, rec.epoch, self.epoch_origin, self.config.epoch_decay)
 
     def _mark_dirty(self, key: str, epoch: int) -> None:
         (self._dirty_closed if epoch < self.epoch else self._dirty_open).add((key, epoch))
@@ -71,11 +80,13 @@ class HistoryUpkeep:
             ph.tree.estimate_memory() for ph in self._prompts.values())
 
     def _add_record(self, ph: PromptHistory, response: array, epoch: int, sample: int,
-                    reward: Optional[float], request_id: Optional[str]) -> ResponseRecord:
+                    reward: Optional[float], request_id: Optional[str],
+                    run_ahead: bool = False) -> ResponseRecord:
         seq = array("i", ph.prompt_tail)
         seq.extend(response)
-        rec = ResponseRecord(ph.key, epoch, sample, seq, len(response), reward, 1.0)
-        rec.weight = W.response_weight(1.0, epoch, self.epoch_origin, self.config.epoch_decay)
+        rec = ResponseRecord(ph.key, epoch, sample, seq, len(response),
+                             None if run_ahead else reward, 1.0, run_ahead=run_ahead)
+        rec.weight = self._weight(rec, 1.0)
         rec.request_id = request_id
         self._store(rec)
         if epoch < self.epoch or self.config.global_same_epoch:
@@ -85,6 +96,8 @@ class HistoryUpkeep:
         ph.group(epoch).append(rec)
         self._num_records += 1
         self._num_tokens += len(seq)
+        if run_ahead:
+            return rec  # no reward target, no length statistics, no change to the group's rewards
         if request_id is not None:
             self._finished[request_id] = rec
         self.lengths.record(ph.key, epoch, sample, len(response))
@@ -109,8 +122,10 @@ class HistoryUpkeep:
             group = ph.records.get(epoch, []) if ph is not None else []
             adv = W.group_advantages({i: r.reward for i, r in enumerate(group)})
             for i, rec in enumerate(group):
+                if rec.run_ahead:
+                    continue  # draft-only: neutral factor, weight fixed by its epoch
                 rec.factor = W.reward_factor(adv[i], self.reward_coef, cfg.advantage_clip)
-                new = W.response_weight(rec.factor, rec.epoch, self.epoch_origin, cfg.epoch_decay)
+                new = self._weight(rec, rec.factor)
                 if new != rec.weight:
                     self._reweight(rec, new)
         self._dirty_closed.clear()
@@ -140,8 +155,7 @@ class HistoryUpkeep:
             ph.tree = self._new_trie()
         self._recount_trie_bytes()
         for rec in self.records():
-            rec.weight = W.response_weight(rec.factor, rec.epoch, self.epoch_origin,
-                                           self.config.epoch_decay)
+            rec.weight = self._weight(rec, rec.factor)
             self._store(rec)
 
     def _evict_epoch(self, ph: PromptHistory, epoch: int) -> None:
@@ -150,8 +164,8 @@ class HistoryUpkeep:
             rec.alive = False
             self._num_records -= 1
             self._num_tokens -= len(rec.seq)
-            if rec.request_id is not None:
-                self._finished.pop(rec.request_id, None)
+            if rec.request_id is not None and self._finished.get(rec.request_id) is rec:
+                del self._finished[rec.request_id]
         self._dirty_open.discard((ph.key, epoch))
         self._dirty_closed.discard((ph.key, epoch))
 
@@ -164,13 +178,13 @@ class HistoryUpkeep:
         for r in responses:
             if self._too_old(r.epoch):
                 continue
-            held = ph.find(r.epoch, r.sample)
+            held = ph.find(r.epoch, r.sample, r.run_ahead)
             if held is not None:
                 if not replace:
                     continue
                 self._remove_record(ph, held)
             rid = None if r.request_id in self._finished else r.request_id  # ids stay unique
-            self._add_record(ph, r.response, r.epoch, r.sample, r.reward, rid)
+            self._add_record(ph, r.response, r.epoch, r.sample, r.reward, rid, r.run_ahead)
             added += 1
         self._drop_if_empty(ph)
         self._enforce_budget()
@@ -187,15 +201,27 @@ class HistoryUpkeep:
             del ph.records[rec.epoch]
         self._num_records -= 1
         self._num_tokens -= len(rec.seq)
-        if rec.request_id is not None:
-            self._finished.pop(rec.request_id, None)
-        self._mark_dirty(ph.key, rec.epoch)
+        if rec.request_id is not None and self._finished.get(rec.request_id) is rec:
+            del self._finished[rec.request_id]
+        if not rec.run_ahead:
+            self._mark_dirty(ph.key, rec.epoch)
 
     def _drop_if_empty(self, ph: PromptHistory) -> None:
         if not ph.records and ph.num_active == 0:
             self._trie_bytes -= ph.tree.estimate_memory()
             del self._prompts[ph.key]
             self.lengths.forget(ph.key)
+
+    def _drop_prompt(self, ph: PromptHistory) -> None:
+        """Remove a prompt without requests in flight and all its history: its records (from
+        its trie and the global one), their pending global insertions, reward bookkeeping and
+        length statistics."""
+        pending = {id(r) for group in ph.records.values() for r in group if not r.in_global}
+        if pending:
+            self._pending_global = [r for r in self._pending_global if id(r) not in pending]
+        for epoch in list(ph.records):
+            self._evict_epoch(ph, epoch)
+        self._drop_if_empty(ph)
 
     def _enforce_budget(self) -> None:
         budget = self.config.memory_budget

@@ -15,6 +15,7 @@ import dataclasses
 import math
 
 from rhyme_sglang.core import DraftStore
+from rhyme_sglang.core.store import check_prompt_ids
 from rhyme_sglang.sglang_ext import timeline
 from rhyme_sglang.sglang_ext.stats import SpecStats
 
@@ -41,7 +42,8 @@ class ControlCommands:
         out.update(
             cost_model=cost_model, breakdown=timeline.breakdown(),
             epoch=self.store.epoch, num_prompts=self.store.num_prompts,
-            num_responses=self.store.num_responses, active_requests=len(self.requests),
+            num_responses=self.store.num_responses, run_ahead_records=self.store.num_run_ahead,
+            active_requests=len(self.requests),
             memory_bytes=self.store.estimate_memory(), backend=self.store.backend,
             speculation_health=self.health.report(self.cost.calibration_at_bound()),
         )
@@ -102,6 +104,23 @@ class ControlCommands:
     def _cmd_export_history(self, prompt_id):
         """One prompt's history (``DraftStore.export_prompt``), for another engine's import."""
         return self.store.export_prompt(prompt_id)
+
+    def _cmd_export_histories(self, prompt_ids):
+        """The histories of ``prompt_ids`` (``DraftStore.export_prompt`` each, in their
+        order); prompts the store lacks are omitted."""
+        check_prompt_ids(prompt_ids)
+        return [self.store.export_prompt(k) for k in dict.fromkeys(prompt_ids)
+                if self.store.has_prompt(k)]
+
+    def _cmd_drop_history(self, prompt_ids):
+        """Remove these prompts' whole history -> ``{"dropped", "busy", "num_prompts",
+        "memory_bytes"}``; unknown ids are ignored, prompts with a request in flight are kept
+        and listed in ``busy``."""
+        check_prompt_ids(prompt_ids)
+        busy = self.store.prompts_in_flight(prompt_ids)
+        dropped = self.store.drop_prompts(prompt_ids)
+        return {"dropped": dropped, "busy": busy, "num_prompts": self.store.num_prompts,
+                "memory_bytes": self.store.estimate_memory()}
 
     def _cmd_import_history(self, history, replace=False):
         if not isinstance(replace, bool):

@@ -41,6 +41,9 @@ class RhymeConfig:
         0.0, "drop draft paths whose estimated probability is below P", "P")
     max_branch: int = _opt(4, "children per draft-tree node (1 = chain drafts)", "K")
     epoch_decay: float = _opt(0.6, "weight of a history response per epoch of age", "D")
+    run_ahead_weight: float = _opt(
+        0.5, "a run-ahead request's tokens (custom_params rhyme_run_ahead) join its prompt's "
+        "history as a draft-only record weighing R times a real response of its epoch", "R")
     reward_weight: float = _opt(
         0.5, "a history response weighs exp(W * its clipped group advantage)", "W")
     reward_rule: str = _opt(
@@ -104,6 +107,9 @@ class RhymeConfig:
             raise ValueError(f"rhyme min_draft_prob must be in [0, 1], got {self.min_draft_prob!r}")
         if self.reward_rule not in ("fixed", "online"):
             raise ValueError(f"rhyme reward_rule must be 'fixed' or 'online', got {self.reward_rule!r}")
+        from rhyme_sglang.core.config import check_run_ahead_weight
+
+        check_run_ahead_weight(self.run_ahead_weight, "rhyme run_ahead_weight")
         if self.max_branch < 1:
             raise ValueError(f"rhyme max_branch must be >= 1, got {self.max_branch!r}")
         if self.memory_mb is not None and self.memory_mb <= 0:
@@ -123,6 +129,7 @@ class RhymeConfig:
 
         return StoreConfig(
             max_branch=self.max_branch, min_prob=self.min_draft_prob, epoch_decay=self.epoch_decay,
+            run_ahead_weight=self.run_ahead_weight,
             reward_weight=self.reward_weight, reward_rule=self.reward_rule,
             memory_budget=None if self.memory_mb is None else self.memory_mb * 2**20,
         )

@@ -9,15 +9,18 @@ Routes (JSON in, JSON out; 4xx with ``{"error": {"message": ...}}`` on bad input
   ``POST /rhyme/reset``
 * ``GET /rhyme/history?prompt_id=P`` -> the prompt's history; ``POST /rhyme/history``
   ``{"history": <that>, "replace": false}`` adds it to this engine -> ``{"added", "num_responses"}``
+* ``POST /rhyme/histories`` ``{"prompt_ids": [P, ...]}`` -> the held prompts' histories (a list);
+  ``POST /rhyme/drop_history`` ``{"prompt_ids": [P, ...]}`` -> ``{"dropped", "busy",
+  "num_prompts", "memory_bytes"}`` (prompts with a request in flight are kept, listed in ``busy``)
 * ``POST /rhyme/draft`` ``{"prompt", "context", "max_tokens", "prompt_id"}`` -> the draft the
   history would propose after ``prompt + context`` (inspection; changes no history)
 * ``GET /rhyme/schedule_policy`` -> ``{"policy"}``; ``POST /rhyme/schedule_policy`` ``{"policy"}``
   switches the waiting-queue order (``lpt`` | ``fcfs``) at run time (admin)
 * ``GET|POST /rhyme/predict_lengths`` ``{"prompts": [[ids...] | "prompt_id", ...]}`` -> ``{"lengths"}``
 
-The POST routes but ``predict_lengths`` are admin routes: they require SGLang's admin key (or
-the API key when only that is set), like SGLang's own weight-update endpoints; with no key set
-they answer loopback clients only (403 otherwise).
+The POST routes but the read-only ``predict_lengths`` and ``histories`` are admin routes: they
+require SGLang's admin key (or the API key when only that is set), like SGLang's own
+weight-update endpoints; with no key set they answer loopback clients only (403 otherwise).
 """
 
 from __future__ import annotations
@@ -109,6 +112,8 @@ def make_routes(client, snapshot_root: str, keyless_admin: bool, rhyme: bool = T
         ("POST", "/rhyme/reset", True): admin("reset"),
         ("GET", "/rhyme/history", False): lambda r: call(r, "export_history", ("prompt_id",)),
         ("POST", "/rhyme/history", True): admin("import_history", ("history",), optional=("replace",)),
+        ("POST", "/rhyme/histories", False): lambda r: call(r, "export_histories", ("prompt_ids",)),
+        ("POST", "/rhyme/drop_history", True): admin("drop_history", ("prompt_ids",)),
         ("POST", "/rhyme/draft", True): admin("draft", ("prompt",),
                                               optional=("context", "max_tokens", "prompt_id")),
         ("GET", "/rhyme/schedule_policy", False): lambda r: call(r, "schedule_policy"),

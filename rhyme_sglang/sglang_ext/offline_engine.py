@@ -102,6 +102,17 @@ class Engine(_SGLangEngine):
         """One prompt's history as JSON-safe data, for ``rhyme_import_history`` elsewhere."""
         return self._rhyme_call("export_history", prompt_id=prompt_id)
 
+    def rhyme_export_histories(self, prompt_ids: list) -> list:
+        """The histories of many prompts in one call (``rhyme_export_history`` each); prompts
+        this engine holds no history for are omitted."""
+        return self._rhyme_call("export_histories", prompt_ids=prompt_ids)
+
+    def rhyme_drop_history(self, prompt_ids: list) -> dict:
+        """Remove these prompts' whole history -> ``{"dropped", "busy", "num_prompts",
+        "memory_bytes"}``: unknown ids are ignored, prompts with a request in flight are kept
+        and listed in ``busy``."""
+        return self._rhyme_call("drop_history", prompt_ids=prompt_ids)
+
     def rhyme_import_history(self, history: dict, replace: bool = False) -> dict:
         """Add an exported prompt history (held responses are skipped, or replaced when
         ``replace``) -> ``{"added", "num_responses"}``."""

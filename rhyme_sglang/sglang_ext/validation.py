@@ -9,8 +9,8 @@ Two layers:
 * :func:`install_token_id_check` (tokenizer manager, so HTTP and ``Engine`` alike): every
   input token id must be an int in ``[0, vocab_size)``; sglang 0.5.23 otherwise lets an
   out-of-vocabulary id reach the model and the scheduler process dies. RHYME's
-  ``custom_params`` (``rhyme_prompt_id``: non-empty str, ``rhyme_sample``: int >= 0) are
-  checked in both layers.
+  ``custom_params`` (``rhyme_prompt_id``: non-empty str, ``rhyme_sample``: int >= 0,
+  ``rhyme_run_ahead``: bool, true only with a ``rhyme_prompt_id``) are checked in both layers.
 """
 
 from __future__ import annotations
@@ -93,12 +93,25 @@ def check_rhyme_params(sampling_params) -> None:
         return
     if not isinstance(custom, dict):
         raise ValueError(f"custom_params must be an object, got {type(custom).__name__}")
-    pid = custom.get("rhyme_prompt_id")
-    if pid is not None and (not isinstance(pid, str) or not pid):
-        raise ValueError(f"custom_params.rhyme_prompt_id must be a non-empty string, got {pid!r}")
-    sample = custom.get("rhyme_sample")
-    if sample is not None and (isinstance(sample, bool) or not isinstance(sample, int) or sample < 0):
-        raise ValueError(f"custom_params.rhyme_sample must be an integer >= 0, got {sample!r}")
+    for key in _RHYME_KEYS:
+        _check_rhyme_value(key, custom.get(key))
+    if custom.get("rhyme_run_ahead") and custom.get("rhyme_prompt_id") is None:
+        raise ValueError("custom_params.rhyme_run_ahead needs custom_params.rhyme_prompt_id")
+
+
+_RHYME_KEYS = ("rhyme_prompt_id", "rhyme_sample", "rhyme_run_ahead")
+
+
+def _check_rhyme_value(key: str, value) -> None:
+    """ValueError naming ``custom_params.<key>`` when ``value`` (not None) is malformed."""
+    if value is None:
+        return
+    if key == "rhyme_prompt_id" and (not isinstance(value, str) or not value):
+        raise ValueError(f"custom_params.rhyme_prompt_id must be a non-empty string, got {value!r}")
+    if key == "rhyme_sample" and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"custom_params.rhyme_sample must be an integer >= 0, got {value!r}")
+    if key == "rhyme_run_ahead" and not isinstance(value, bool):
+        raise ValueError(f"custom_params.rhyme_run_ahead must be a boolean, got {value!r}")
 
 
 def custom_param(req, key: str):
@@ -108,7 +121,7 @@ def custom_param(req, key: str):
     params = getattr(req.sampling_params, "custom_params", None)
     value = params.get(key) if isinstance(params, dict) else None
     try:
-        check_rhyme_params({"custom_params": {key: value}})
+        _check_rhyme_value(key, value)
     except ValueError:
         return None
     return value

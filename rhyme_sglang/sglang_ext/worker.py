@@ -82,19 +82,27 @@ def _contexts(batch) -> list:
     return lens.tolist()
 
 
+def is_run_ahead(req) -> bool:
+    """Whether ``req`` is a run-ahead request (``custom_params["rhyme_run_ahead"]`` true)."""
+    return custom_param(req, "rhyme_run_ahead") is True
+
+
 def track(requests: RequestTable, req) -> None:
     """Start tracking the scheduler request ``req`` (and its store request) if new."""
     if req.rid not in requests:
         requests.start(req.rid, req.origin_input_ids_unpadded,
                        prompt_id=custom_param(req, "rhyme_prompt_id"),
                        sample=custom_param(req, "rhyme_sample"))
+        if is_run_ahead(req):
+            requests.store.mark_run_ahead(req.rid)
 
 
 def finish_finished(requests: RequestTable, reqs) -> None:
     """Finished requests among ``reqs`` join the history, once each (called before sglang
     streams their output and after it processed their batch). A verify step may accept
     tokens past a stop or max_new_tokens: sglang keeps them in ``output_ids`` and returns only
-    those through the stop; so does the history. An aborted request's response does not join."""
+    those through the stop; so does the history. An aborted request's response does not join,
+    except a run-ahead request's: finished or aborted, its tokens join as a draft-only record."""
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
     for req in reqs:
@@ -102,7 +110,8 @@ def finish_finished(requests: RequestTable, reqs) -> None:
             req._rhyme_finished = True
             track(requests, req)
             aborted = isinstance(req.finished_reason, FINISH_ABORT)
-            requests.finish(req.rid, req.output_ids_through_stop, add_to_history=not aborted)
+            requests.finish(req.rid, req.output_ids_through_stop,
+                            add_to_history=not aborted or is_run_ahead(req))
 
 
 @dataclass
