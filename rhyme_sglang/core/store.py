@@ -132,11 +132,9 @@ class DraftStore(HistoryUpkeep):
         ph.num_active -= 1
         if ph.num_active == 0:
             ph.live, ph.live_prompt = None, None
-        if not add_to_history or self._too_old(req.epoch):
-            return None
         response = req.seq[req.prefix_len:]
-        if req.run_ahead and not response:
-            self._drop_if_empty(ph)
+        if not add_to_history or self._too_old(req.epoch) or (req.run_ahead and not response):
+            self._drop_if_empty(ph)  # a prompt without history or requests is not kept
             return None
         ahead = req.run_ahead
         sample = req.sample if req.sample is not None else ph.next_sample(req.epoch, ahead)
