@@ -10,6 +10,10 @@ feeds them; growing each as a stream (what the store does) against growing it by
 extension, side by side: the same logical trie, its records, bytes per in-flight
 token and growth throughput.
 
+Bytes per token (``store_footprint``): after the synthetic rollouts are inserted and their epoch
+closed (so they sit in the global trie too), ``DraftStore.estimate_memory()`` and
+``history_bytes()`` divided by the stored response tokens, per backend.
+
     python -m benchmarks.bench_store [--responses 10000] [--length 500] [--json OUT]
 """
 
@@ -51,6 +55,23 @@ def make_rollouts(num_responses: int, length: int, group: int, edit_rate: float,
     return out
 
 
+def store_footprint(store: DraftStore, response_tokens: int) -> dict:
+    """Bytes per stored response token of a store: its whole estimate and its history's."""
+    total, history = store.estimate_memory(), store.history_bytes()
+    return {"response_tokens": response_tokens, "estimate_memory_bytes": total,
+            "history_bytes": history, "bytes_per_token": total / response_tokens,
+            "history_bytes_per_token": history / response_tokens}
+
+
+def filled_store(rollouts, backend: str) -> DraftStore:
+    """A store holding ``rollouts`` as epoch-0 history, the epoch closed."""
+    store = DraftStore(StoreConfig(), backend=backend)
+    for pid, prompt, resp in rollouts:
+        store.add_response(pid, prompt, resp, 0)
+    store.advance_epoch()
+    return store
+
+
 def bench_backend(backend: str, rollouts, num_queries: int, seed: int) -> dict:
     store = DraftStore(StoreConfig(), backend=backend)
     warm = DraftStore(StoreConfig(), backend=backend)
@@ -62,6 +83,7 @@ def bench_backend(backend: str, rollouts, num_queries: int, seed: int) -> dict:
         store.add_response(pid, prompt, resp, 0)
     insert_s = time.perf_counter() - t0
     store.advance_epoch()
+    footprint = store_footprint(store, tokens)
     rng = np.random.default_rng(seed + 1)
     lat: List[float] = []
     for q in range(num_queries):
@@ -85,7 +107,9 @@ def bench_backend(backend: str, rollouts, num_queries: int, seed: int) -> dict:
             "trie_nodes": sum(t.num_nodes for t in tries),
             # node records actually allocated (native: the path-compressed count; Python: all)
             "trie_records": sum(getattr(t, "num_explicit", t.num_nodes) for t in tries),
-            "estimate_memory_mb": store.estimate_memory() / 2 ** 20}
+            "estimate_memory_mb": store.estimate_memory() / 2 ** 20,
+            "bytes_per_token": footprint["bytes_per_token"],
+            "history_bytes_per_token": footprint["history_bytes_per_token"]}
 
 
 def bench_inflight(rollouts, step: int, streams: bool, depth: int) -> dict:
@@ -146,7 +170,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
               f"{r['insert_tokens_per_s'] / 1e6:.3f} M tok/s, speculate p50 {r['speculate_us_p50']:.1f} us "
               f"(p90 {r['speculate_us_p90']:.1f}), {r['trie_nodes'] / 1e6:.1f} M logical nodes in "
               f"{r['trie_records'] / 1e6:.1f} M records, "
-              f"~{r['estimate_memory_mb']:.0f} MiB")
+              f"~{r['estimate_memory_mb']:.0f} MiB, {r['bytes_per_token']:.0f} B per stored token "
+              f"(history {r['history_bytes_per_token']:.0f})")
     if len(results) == 2:
         print(f"native/python: insert x{results[0]['insert_tokens_per_s'] / results[1]['insert_tokens_per_s']:.1f}, "
               f"speculate x{results[1]['speculate_us_p50'] / results[0]['speculate_us_p50']:.1f} faster")
@@ -167,6 +192,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"stream/plain: memory x{inflight[0]['bytes_per_token'] / inflight[1]['bytes_per_token']:.1f} "
               f"smaller, growth x{inflight[1]['grow_tokens_per_s'] / inflight[0]['grow_tokens_per_s']:.1f} faster")
     out = {"config": vars(args), "results": results, "inflight": inflight,
+           "bytes_per_token": {r["backend"]: r["bytes_per_token"] for r in results},
            "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     if args.json:
         with open(args.json, "w") as fh:
