@@ -104,6 +104,10 @@ DEFAULT_PROMPTS = {"base": "12,4", "warm_start": "8"}
 # mix) have 4, 34 and 20 terms, whose worked solutions are ~50, ~440 and ~260 tokens, so the cap
 # of 640 lets every answer stop on its own and the 34-term group is the tail the makespan waits
 # for, at a batch of 4.
+# a dataset-scale run (--dataset-prompts): 2 passes over the dataset, 4 samples a prompt, the
+# running-sum warm start's answers stop on their own below 640 tokens
+SCALE_DEFAULTS = {"epochs": 2, "group": 4, "max_new_tokens": 640,
+                  "modes": "vanilla,ngram,rhyme,rhyme_per_step,rhyme_run_ahead"}
 QUICK = {"base": {"prompts": "3,1", "group": 4, "epochs": 3, "max_new_tokens": 192, "repeats": 2},
          "warm_start": {"prompts": "3", "group": 4, "epochs": 3, "max_new_tokens": 640,
                         "repeats": 2}}
@@ -486,7 +490,28 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "compare the same work; none: each mode samples its own answers")
     parser.add_argument("--json", default=None)
     parser.add_argument("--workdir", default=None)
+    scale = parser.add_argument_group(
+        "dataset scale (benchmarks.dataset_scale): steps of --prompts-per-step prompts sampled "
+        "from --dataset-prompts, one GRPO update a step, --epochs passes over the dataset")
+    scale.add_argument("--dataset-prompts", type=int, default=0,
+                       help="the dataset's size (0: the epoch-shaped run above)")
+    scale.add_argument("--prompts-per-step", type=int, default=16)
+    scale.add_argument("--run-ahead-samples", type=int, default=2,
+                       help="run-ahead responses per prompt of the next step")
+    scale.add_argument("--run-ahead-below", type=int, default=16,
+                       help="run-ahead starts once at most this many of the step's requests "
+                            "are unfinished")
+    scale.add_argument("--run-ahead-slots", type=int, default=8,
+                       help="run-ahead requests in flight at a time")
+    scale.add_argument("--sim-cost-table", default=str(
+        Path(__file__).with_name("data") / "cost_h200_qwen2-7b.json"),
+                       help="measured step costs for the first-visit simulation")
     args = parser.parse_args(argv)
+    if args.dataset_prompts:  # the dataset-scale run's own defaults, where not given
+        for key, value in SCALE_DEFAULTS.items():
+            if getattr(args, key) == parser.get_default(key):
+                setattr(args, key, value)
+        args.prompts = str(args.dataset_prompts)
     if args.quick:  # the small version's sizes, where the command line does not set them
         for key, value in QUICK[args.policy].items():
             if getattr(args, key) == parser.get_default(key):
@@ -510,6 +535,8 @@ def main(argv=None) -> int:
 
     dtype = resolve_dtype(args.dtype)
     args.workdir = args.workdir or tempfile.mkdtemp(prefix="bench-rollout-")
+    if args.dataset_prompts:
+        return dataset_scale_main(args, dtype)
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     unknown = sorted(set(modes) - set(MODES))
     if unknown or "vanilla" not in modes or len(set(modes)) != len(modes):
@@ -586,6 +613,34 @@ def main(argv=None) -> int:
         f"{m} x{v:.2f}" for m, v in report["speedup_vs_vanilla"].items())
     line += " | wall " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in wall.items())
     print(line)
+    write_json(args.json, report)
+    return 0
+
+
+def dataset_scale_main(args, dtype: str) -> int:
+    """``--dataset-prompts``: the run of :mod:`benchmarks.dataset_scale`, its summary line and
+    JSON (``"dataset_scale"``, ``"per_step"``, ``"modes"``, ``"plan"``, ``"trajectory"``,
+    ``"workload"``, ``"wall_s"``)."""
+    from benchmarks import dataset_scale
+    from rhyme_sglang.machine import cpu_flags
+
+    if args.policy != "warm_start":
+        raise ValueError("--dataset-prompts runs on the warm-start policy (--policy warm_start)")
+    report = {"model": args.model, "dtype": dtype, "cpu_flags": cpu_flags(), "group": args.group,
+              "epochs": args.epochs, "max_new_tokens": args.max_new_tokens,
+              "config": {"num_engines": 1, "max_running_requests": args.max_running},
+              "trajectory": {}, "wall_s": {}}
+    began = time.perf_counter()
+    model_path, recipe = resolve_policy(args)
+    report["wall_s"]["warm_start"] = time.perf_counter() - began
+    prompts, tok = workload_prompts(model_path, args)
+    if args.max_total_tokens <= 0:
+        longest = max(len(p.token_ids) for p in prompts)
+        args.max_total_tokens = args.max_running * (longest + args.max_new_tokens)
+    report["config"]["max_total_tokens"] = args.max_total_tokens
+    report["workload"] = workload_block(args, model_path, recipe, [])  # trace_stats: run() sets
+    dataset_scale.run(args, model_path, dtype, prompts, tok, report)
+    print(dataset_scale.summary_line(report) + f" ({dtype}, {' '.join(report['cpu_flags'])})")
     write_json(args.json, report)
     return 0
 

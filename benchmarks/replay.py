@@ -13,6 +13,10 @@ epoch-e responses: a small advantage to the baselines. SGLang's NGRAM is fed who
 responses (prompt + response) but not the request's own tokens while it runs; Arctic's cache gets
 the request's prompt and own tokens, as in vLLM.
 
+Recency: `rhyme-d<X>` is RHYME with `epoch_decay` X (a record `a` epochs old weighs X**a; an
+epoch of a trace whose `epoch` counts policy updates, as a dataset-scale run's steps do, is
+one update).
+
 Reward-weighting variants: `rhyme-online` (reward_rule="online": the coefficient is refitted
 each epoch from the branches the epoch's responses took), `rhyme-sibling` (open-epoch siblings
 weighted by their finished siblings' rewards), `rhyme-w<C>` (fixed coefficient C), and the
@@ -61,12 +65,13 @@ def make_source(name: str, k: int, backend: str = "auto") -> DraftSource:
     """Build a source by name; raises RuntimeError with the reason when it is unavailable."""
     if name in VARIANTS:
         return RhymeSource(name, StoreConfig(**VARIANTS[name]), backend)
-    if name.startswith("rhyme-w"):
-        try:
-            coef = float(name[len("rhyme-w"):])
-        except ValueError:
-            raise ValueError(f"bad reward coefficient in source name {name!r}") from None
-        return RhymeSource(name, StoreConfig(reward_weight=coef), backend)
+    for prefix, field in (("rhyme-w", "reward_weight"), ("rhyme-d", "epoch_decay")):
+        if name.startswith(prefix):  # rhyme-w<C>: reward coefficient; rhyme-d<X>: recency decay
+            try:
+                value = float(name[len(prefix):])
+            except ValueError:
+                raise ValueError(f"bad {field} in source name {name!r}") from None
+            return RhymeSource(name, StoreConfig(**{field: value}), backend)
     if name == "rhyme-rankoracle":
         return RankOracleSource(name)
     if name == "histospec":

@@ -95,3 +95,13 @@ def test_branch_analysis_and_rank_oracle(tmp_path):
 
 def _first_prompts(n):
     return sorted({r.prompt_id for r in read_trace(TRACE)})[:n]
+
+
+def test_decay_and_reward_variants_by_name():
+    from benchmarks.replay import make_source
+
+    assert make_source("rhyme-d0.9", 8).store.config.epoch_decay == 0.9
+    assert make_source("rhyme-w0.25", 8).store.config.reward_weight == 0.25
+    for bad in ("rhyme-dx", "rhyme-d0", "rhyme-d1.5"):
+        with pytest.raises(ValueError):
+            make_source(bad, 8)
