@@ -88,7 +88,8 @@ import time
 from pathlib import Path
 
 from benchmarks.common import epoch_total, write_json
-from benchmarks.rollout_requests import MODES, build_prompts, timed_pairs  # noqa: F401 (re-exported)
+from benchmarks.rollout_requests import (  # noqa: F401 (MODES, timed_pairs re-exported)
+    MODES, build_prompts, grpo_samples, load_checkpoint, timed_pairs)
 from rhyme_sglang.settings import prepare_cpu_env
 
 logger = logging.getLogger("benchmarks.bench_rollout")
@@ -191,15 +192,6 @@ def score(results, tok, reward_fn) -> list[float]:
     return [reward_fn(r["prompt"], tok.decode(r["ids"]), r["ids"]) for r in results]
 
 
-def grpo_samples(results, rewards, group: int):
-    from rl_driver.grpo import group_advantages
-
-    adv = group_advantages(rewards, group)
-    return [{"prompt_ids": r["prompt"].token_ids, "response_ids": r["ids"],
-             "logprobs": [lp for lp, _, _ in r["meta"]["output_token_logprobs"]],
-             "advantage": a} for r, a in zip(results, adv)]
-
-
 def _epoch_stats(results, makespan, rewards) -> dict:
     stats = summarize(results, makespan)
     done = sorted(r["latency"] for r in results)
@@ -295,7 +287,7 @@ def trajectory(model_path, dtype, prompts, tok, args, report) -> tuple:
     try:
         for epoch in range(args.epochs):
             if epoch > 0:
-                _load(engine, checkpoints[epoch])
+                load_checkpoint(engine, checkpoints[epoch])
             engine.rhyme_breakdown(reset=True)  # the window is this epoch's rollout alone
             results, makespan = _generate_epoch(engine, prompts, args, epoch)
             rewards = score(results, tok, reasoning_gym_reward)
@@ -310,12 +302,6 @@ def trajectory(model_path, dtype, prompts, tok, args, report) -> tuple:
     finally:
         engine.shutdown()
     return checkpoints, trace
-
-
-def _load(engine, checkpoint) -> None:
-    ok, msg = engine.update_weights_from_disk(checkpoint)[:2]
-    if not ok:
-        raise RuntimeError(f"weight update failed: {msg}")
 
 
 def _import_history(engine, trace, before_epoch: int) -> int:
@@ -387,7 +373,7 @@ def timed_run(name, epoch, round_, model_path, dtype, prompts, tok, args, checkp
                                      for prompt, _, ids, _ in trace[e])
             logger.info("ngram: seeded its trie with %d responses of epochs < %d (%d windows)",
                         info["sequences"], epoch, info["windows"])
-        _load(engine, checkpoints[epoch])
+        load_checkpoint(engine, checkpoints[epoch])
         engine.rhyme_breakdown(reset=True)
         results, makespan = _generate_epoch(engine, prompts, args, epoch)
         rewards = score(results, tok, reasoning_gym_reward)

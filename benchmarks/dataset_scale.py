@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from benchmarks.common import write_json
-from benchmarks.rollout_requests import MODES
+from benchmarks.rollout_requests import MODES, grpo_samples, load_checkpoint
 
 logger = logging.getLogger("benchmarks.dataset_scale")
 
@@ -236,7 +236,6 @@ def trajectory(engine_factory, model_path, dtype, by_id, plan, tok, args, report
     """Vanilla steps with a GRPO update after each: ``(checkpoints, answers, trace records,
     train seconds per step)``; ``answers[step][(prompt, sample)]`` the token ids; a trace
     record's ``epoch`` is its step (the policy version that made it)."""
-    from benchmarks.bench_rollout import _load, grpo_samples
     from rhyme_sglang.core import TraceRecord
     from rl_driver.config import TrainConfig
     from rl_driver.trainer import Trainer
@@ -249,7 +248,7 @@ def trajectory(engine_factory, model_path, dtype, by_id, plan, tok, args, report
         for step in plan:
             k = step["step"]
             if k > 0:
-                _load(engine, checkpoints[k])
+                load_checkpoint(engine, checkpoints[k])
             prompts = [by_id[p] for p in step["prompts"]]
             results, makespan, _ = engine.loop.run_until_complete(_step_requests(
                 engine, prompts, args.group, args.max_new_tokens, _seeds(args, step, args.group)))
@@ -284,8 +283,6 @@ def _finish(result) -> str:
 
 def run_mode(name, engine_factory, by_id, plan, checkpoints, answers, tok, args) -> List[dict]:
     """Every step of ``plan`` on one engine of mode ``name``: one row per step."""
-    from benchmarks.bench_rollout import _load
-
     history_mode = SCALE_MODES[name][1]
     store = DriverHistory() if history_mode in ("per_step", "run_ahead") else None
     engine = engine_factory(name)
@@ -294,7 +291,7 @@ def run_mode(name, engine_factory, by_id, plan, checkpoints, answers, tok, args)
         for i, step in enumerate(plan):
             k, row = step["step"], {"step": step["step"]}
             t0 = time.perf_counter()
-            _load(engine, checkpoints[k])
+            load_checkpoint(engine, checkpoints[k])
             row["load_s"] = time.perf_counter() - t0
             if store is not None:  # the step's prompts in, from the driver's store
                 t0 = time.perf_counter()

@@ -1,5 +1,5 @@
-"""The engine modes, prompt mixes and timed request rounds that bench_rollout and bench_ordering
-share."""
+"""The engine modes, prompt mixes, timed request rounds, checkpoint loads and GRPO samples that
+bench_rollout, bench_ordering and dataset_scale share."""
 
 from __future__ import annotations
 
@@ -70,3 +70,21 @@ async def timed_pairs(engine, pairs, max_new_tokens: int, exact_lengths=None,
 
     results = await asyncio.gather(*(one(p, s) for p, s in pairs))
     return results, time.perf_counter() - start
+
+
+def load_checkpoint(engine, checkpoint) -> None:
+    """The engine's weights from an HF folder (the history epoch advances with them)."""
+    ok, msg = engine.update_weights_from_disk(checkpoint)[:2]
+    if not ok:
+        raise RuntimeError(f"weight update failed: {msg}")
+
+
+def grpo_samples(results, rewards, group: int):
+    """Trainer samples of timed requests (``timed_pairs`` results with logprobs) and their
+    rewards, advantages normalised per group of ``group``."""
+    from rl_driver.grpo import group_advantages
+
+    adv = group_advantages(rewards, group)
+    return [{"prompt_ids": r["prompt"].token_ids, "response_ids": r["ids"],
+             "logprobs": [lp for lp, _, _ in r["meta"]["output_token_logprobs"]],
+             "advantage": a} for r, a in zip(results, adv)]
