@@ -213,7 +213,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     rows = project(meas, bpt, _ints(args.lengths), _ints(args.engines), [1, None], links,
                    args.step_time_s, base)
     out = {"assumptions": {
-        "shape": asdict(base) | {"lengths": _ints(args.lengths)},
+        "shape": {k: v for k, v in asdict(base).items() if k != "length"}
+                 | {"lengths": _ints(args.lengths)},
         "window": "visits of the prompt kept (1 = latest visit, null = all epochs_seen visits)",
         "bytes_per_token": bpt,
         "bytes_per_token_source": f"measured (bench_store.store_footprint of {meas['source']})"
