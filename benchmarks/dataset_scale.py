@@ -397,19 +397,17 @@ def by_pass(records, plan) -> list:
     return [dataclasses.replace(r, epoch=epoch_of[r.epoch]) for r in records]
 
 
-def first_visit_sim(records, args) -> Optional[dict]:
-    """``benchmarks.first_visit_sim`` on the trajectory's trace with the measured H200 table;
-    None (with the reason logged) where that module is not there."""
-    try:
-        from benchmarks import first_visit_sim as fv
-    except ImportError as exc:
-        logger.warning("first-visit simulation skipped: %s", exc)
-        return None
-    import json
+def first_visit_sim(records, args) -> dict:
+    """``benchmarks.first_visit_sim.first_visit_speedup`` on the trajectory's responses (epoch =
+    pass over the dataset) with ``--sim-cost-table`` (the measured H200 table by default), its
+    default engines and run-ahead derivation, ``--run-ahead-samples`` a prompt."""
+    from benchmarks.first_visit_sim import first_visit_speedup
+    from benchmarks.cost_tables import load_table
 
-    table = json.loads(Path(args.sim_cost_table).read_text())
-    return fv.first_visit_speedup(records, table, fv.default_config(),
-                                  run_ahead_samples=args.run_ahead_samples)
+    out = first_visit_speedup(records, load_table(args.sim_cost_table),
+                              run_ahead_samples=args.run_ahead_samples)
+    out["assumptions"]["cost_table"] = Path(args.sim_cost_table).name
+    return out
 
 
 def run(args, model_path: str, dtype: str, prompts, tok, report: dict) -> dict:
