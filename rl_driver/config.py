@@ -104,8 +104,27 @@ class RolloutConfig:
     overrun_factor: float = 1.5
     poll_interval_s: float = 0.25
     stop_token_ids: tuple = ()
+    # steps and epochs (rl_driver/steps.py): prompts a step samples (one GRPO update and one
+    # weight sync per step; 0 = all prompts, one step per epoch)
+    prompts_per_step: int = 0
+    # where prompts' histories live between visits: in_engine (each engine keeps what it
+    # served) | per_step (the driver's store, run_dir/history; engines hold the current and
+    # the next step's prompts)
+    history: str = "in_engine"
+    history_shards: int = 16  # per_step: shard files of the driver's history store
+    # idle engines draft the next step's prompts while others finish (outputs discarded)
+    run_ahead: bool = False
+    run_ahead_samples: int = 2  # run-ahead requests per next-step prompt
 
     def __post_init__(self):
+        for key, low in (("prompts_per_step", 0), ("history_shards", 1), ("run_ahead_samples", 1)):
+            value = getattr(self, key)
+            _check(isinstance(value, int) and not isinstance(value, bool) and value >= low,
+                   f"rollout.{key}", value, f"must be an int >= {low}")
+        _check(self.history in ("in_engine", "per_step"), "rollout.history", self.history,
+               "must be 'in_engine' or 'per_step'")
+        _check(isinstance(self.run_ahead, bool), "rollout.run_ahead", self.run_ahead,
+               "must be true or false")
         _check(isinstance(self.group_size, int) and self.group_size >= 1,
                "rollout.group_size", self.group_size, "must be an int >= 1")
         _check(self.temperature >= 0, "rollout.temperature", self.temperature, "must be >= 0")
@@ -393,6 +412,12 @@ class RunConfig:
         _check(not isinstance(per_engine, (list, tuple)) or len(per_engine) == self.engine.num_engines,
                "cluster.engine_resources", per_engine,
                f"a list needs one mapping per engine ({self.engine.num_engines})")
+        _check(self.rollout.prompts_per_step <= self.task.num_prompts, "rollout.prompts_per_step",
+               self.rollout.prompts_per_step, f"must be <= task.num_prompts ({self.task.num_prompts})")
+        for key, on in (("run_ahead", self.rollout.run_ahead),
+                        ("history", self.rollout.history == "per_step")):
+            _check(self.engine.rhyme or not on, f"rollout.{key}", getattr(self.rollout, key),
+                   "needs the engines' RHYME history (engine.rhyme: true)")
 
     @property
     def run_dir(self) -> Path:

@@ -1,24 +1,31 @@
 """The RL loop, top to bottom: assign -> generate -> score -> rewards to history -> train -> sync.
 
 ``run(config)`` starts Ray (if needed), one ``Trainer`` and ``engine.num_engines``
-``RolloutActor``s, then for each epoch:
+``RolloutActor``s, then for each step (:mod:`rl_driver.steps`: ``rollout.prompts_per_step``
+prompts of a per-epoch shuffle; 0 = every prompt, one step per epoch):
 
 1. predict each prompt group's response length (``rhyme_predict_lengths`` on the engine that
-   served it last epoch; ``rollout.default_predicted_length`` otherwise) and assign whole
-   groups to engines (LPT with history affinity, or round-robin);
+   served it last; with ``rollout.history: per_step`` the driver's store; else
+   ``rollout.default_predicted_length``) and assign whole groups to engines (LPT with history
+   affinity, or round-robin);
 2. generate G samples per prompt (overrunning requests migrate to idle engines; a dead
-   engine is restarted from its snapshot and its unfinished requests re-issued);
+   engine is restarted from its snapshot and its unfinished requests re-issued; with
+   ``rollout.run_ahead`` idle engines draft the next step's prompts until the last job ends);
 3. score each response with ``task.reward_fn``;
 4. send the rewards to the engines' RHYME history (``rhyme_set_rewards``), and give each
    prompt's home engine the full responses migration or a restart kept out of its history
    (``pool.forward_full_responses``);
-5. GRPO update on the trainer;
-6. sync weights trainer -> engines (the history epoch advances with the new weights);
-7. snapshot histories, checkpoint the trainer, append metrics (JSONL) and the trace.
+5. GRPO update on the trainer; with ``per_step`` history, meanwhile: the step's histories
+   exported to the store (``run_dir/history``), the next step's imported into their engines,
+   the step's other prompts dropped from the engines;
+6. sync weights trainer -> engines (the history epoch advances with the new weights, so a
+   history's recency counts policy updates);
+7. snapshot histories, checkpoint the trainer, wait for the imports, append metrics (JSONL;
+   ``epochs.jsonl`` after an epoch's last step in a run of steps) and the trace.
 
-``run(config, resume=True)`` continues from the last finished epoch of ``runs/<name>``.
+``run(config, resume=True)`` continues from the next step of ``runs/<name>``.
 Each phase is one call: :mod:`rl_driver.phases` holds them, :mod:`rl_driver.stack` the actors
-(start, resume, restart, shutdown), :mod:`rl_driver.metrics` the epoch's metrics and files.
+(start, resume, restart, shutdown), :mod:`rl_driver.metrics` the step's metrics and files.
 """
 
 from __future__ import annotations
@@ -29,7 +36,11 @@ from typing import Any, Callable, Dict, List, Optional
 
 from rl_driver import phases
 from rl_driver.config import RunConfig
-from rl_driver.metrics import TraceLog, append_metrics, epoch_metrics, open_run_dir
+from rl_driver.dispatch import RunAhead
+from rl_driver.history_store import HistoryStore
+from rl_driver.metrics import (TraceLog, append_metrics, epoch_aggregate, epoch_metrics,
+                               open_run_dir, read_metrics)
+from rl_driver.steps import Step, StepSampler
 from rl_driver.progress import ProgressSink
 from rl_driver.stack import start_stack, wait
 
@@ -59,37 +70,70 @@ def run(config: RunConfig, resume: bool = False,
         on_epoch: Optional[Callable[[Dict[str, Any]], None]] = None,
         on_rollout_start: Optional[Callable[[int, Any], None]] = None,
         progress: Optional[ProgressSink] = None) -> List[Dict[str, Any]]:
-    """Run (or resume) the loop; returns the per-epoch metrics of this invocation.
+    """Run (or resume) the loop; returns the per-step metrics of this invocation (one step
+    per epoch unless ``rollout.prompts_per_step`` is set).
 
-    ``on_epoch(metrics)`` is called after each epoch; ``on_rollout_start(epoch, pool)`` once
-    an epoch's requests are all in flight (fault-injection tests use it); ``progress`` hears
-    each phase's progress inside an epoch."""
+    ``on_epoch(metrics)`` is called after each step; ``on_rollout_start(epoch, pool)`` once
+    a step's requests are all in flight (fault-injection tests use it); ``progress`` hears
+    each phase's progress inside a step."""
     from rl_driver.warm_start import policy_path
 
-    # setup: run dir, Ray, task, trainer + engines (+ the last finished epoch on resume)
+    # setup: run dir, Ray, task, trainer + engines (+ the last finished step on resume)
     config = config.resolved()  # dtype / threads "auto" -> this machine's measured choice
     state = open_run_dir(config.run_dir, dataclasses.asdict(config), resume)
     start_ray(config)
     model_path = policy_path(config, log=logger.info)  # the warm start's folder when enabled
     task = phases.load_task(config, model_path)
-    trace = TraceLog(config.run_dir / "trace.jsonl.gz", keep=resume, before_epoch=state.next_epoch)
+    sampler = StepSampler([p.prompt_id for p in task.prompts], config.rollout.prompts_per_step,
+                          config.seed)
+    store = (HistoryStore(config.run_dir / "history", config.rollout.history_shards)
+             if config.rollout.history == "per_step" else None)
+    trace = TraceLog(config.run_dir / "trace.jsonl.gz", keep=resume, before_epoch=state.next_step)
     stack = start_stack(config, model_path, state, resume)
     pool, results = stack.pool, []
+    total = config.loop.epochs * sampler.steps_per_epoch
+    next_plan = None  # per_step / run-ahead: the next step's plan, made during this step
+    first = state.next_step
     try:
-        for epoch in range(state.next_epoch, config.loop.epochs):
-            # plan: whole prompt groups to engines by predicted load
-            plan = phases.plan_epoch(config, pool, task.prompts, state.affinity)
-            # generate G samples per prompt (a dead engine is restarted, its requests re-issued)
+        for s in range(state.next_step, total):
+            step = sampler.step(s)
+            nxt = sampler.step(s + 1) if s + 1 < total else None
+            prompts = [task.by_id[p] for p in step.prompt_ids]
+            # plan: whole prompt groups to engines by predicted load (per_step: made during
+            # the last step, where its imports went)
+            plan = next_plan if next_plan is not None else phases.plan_epoch(
+                config, pool, prompts, state.affinity, store)
+            imported = []  # the history imports this step waited for
+            if store is not None and s == first:  # the process's first step: up front
+                imported.append(phases.start_transfers(pool, store, plan.assignment, []).wait())
+            next_plan = None
+            if nxt is not None and (store is not None or config.rollout.run_ahead):
+                next_plan = phases.plan_epoch(config, pool, [task.by_id[p] for p in nxt.prompt_ids],
+                                              state.affinity, store)
+            # generate G samples per prompt (a dead engine is restarted, its requests re-issued);
+            # idle engines draft the next step's prompts meanwhile (run-ahead)
             rollout = phases.generate(
-                config, pool, task, plan, tag=f"{config.name}/e{epoch}/",
+                config, pool, task, plan, tag=step_tag(config, sampler, step),
                 restart=lambda i: stack.restart(i, state.weight_version),
-                after_submit=(lambda: on_rollout_start(epoch, pool)) if on_rollout_start else None,
-                progress=progress)
+                after_submit=(lambda: on_rollout_start(step.epoch, pool)) if on_rollout_start else None,
+                progress=progress, seed_epoch=s,
+                run_ahead=run_ahead_for(config, task, step, nxt, next_plan))
             # reward, then rewards and full responses to the engines' history
             rewards = phases.score(task, rollout.jobs)
             fed = phases.feed_history(pool, rollout, rewards)
-            # train
-            train = phases.train(config, stack.trainer, rollout.jobs, rewards, progress)
+            # train; per_step: the step's histories to the store, the next step's to its
+            # engines, while the trainer works
+            train_ref = phases.start_train(config, stack.trainer, rollout.jobs, rewards)
+            exported = transfers = None
+            if store is not None:
+                exported = export_step(pool, store, plan, rollout, step)
+                transfers = phases.start_transfers(
+                    pool, store, next_plan.assignment if next_plan else [],
+                    [p for p in step.prompt_ids if nxt is None or p not in nxt.prompt_ids])
+            train = phases.train(config, stack.trainer, rollout.jobs, rewards, progress, ref=train_ref)
+            if exported is not None:  # the export's part past the training
+                exported["critical_s"] = max(
+                    0.0, exported["seconds"] - float(train["train_time_s"]))
             # sync weights; the trainer writes its checkpoint meanwhile (both only read weights)
             state.weight_version = int(train["version"])
             checkpoint = stack.start_checkpoint(config.loop.checkpoint)
@@ -97,16 +141,29 @@ def run(config: RunConfig, resume: bool = False,
             # snapshot histories; the checkpoint lands before the state that points past it
             pool.snapshot_all()
             wait(checkpoint)
-            state.affinity = {pid: e for e, eng in enumerate(plan.assignment) for pid in eng}
-            state.next_epoch = epoch + 1
+            if transfers is not None:  # the next step's imports and this step's drops
+                imported.append(transfers.wait())
+            state.affinity.update({pid: e for e, eng in enumerate(plan.assignment) for pid in eng})
+            state.next_step = s + 1
+            state.next_epoch = nxt.epoch if nxt is not None else step.epoch + 1
+            rhyme_stats = pool.call_all("rhyme_stats")
             metrics = epoch_metrics(
-                epoch, balance=config.rollout.balance, plan=plan, rollout=rollout,
+                step.epoch, balance=config.rollout.balance, plan=plan, rollout=rollout,
                 rewards=rewards, fed=fed, train=train, sync_s=sync_s, sync_method=stack.sync.method,
-                rhyme_stats=pool.call_all("rhyme_stats"), snapshot_bytes=pool.snapshot_bytes,
-                startup_s=stack.startup_s if epoch == state.first_epoch_of_process else 0.0,
+                rhyme_stats=rhyme_stats, snapshot_bytes=pool.snapshot_bytes,
+                startup_s=stack.startup_s if s == state.first_epoch_of_process else 0.0,
                 engine_nodes=stack.engine_nodes())
+            if sampler.shuffle:
+                metrics.update(step_keys(config, sampler, step))
+            if store is not None or config.rollout.run_ahead:
+                metrics.update(transfer_keys(imported, exported, rollout.run_ahead,
+                                             config.rollout.run_ahead))
+                metrics["history_num_prompts"] = [st.get("num_prompts") for st in rhyme_stats]
+                metrics["run_ahead_records"] = [st.get("run_ahead_records") for st in rhyme_stats]
             # record: trace, metrics line, state
-            record_epoch(config, trace, state, rollout, rewards, metrics)
+            record_epoch(config, trace, state, rollout, rewards, metrics, trace_epoch=s)
+            if sampler.shuffle and (nxt is None or nxt.epoch != step.epoch):
+                record_epoch_aggregate(config.run_dir, step.epoch)
             results.append(metrics)
             if on_epoch is not None:
                 on_epoch(metrics)
@@ -119,17 +176,85 @@ def run(config: RunConfig, resume: bool = False,
     return results
 
 
+def step_tag(config: RunConfig, sampler: StepSampler, step: Step) -> str:
+    """Request ids' prefix: ``<name>/e<epoch>/``, or ``<name>/s<step>/`` in a run of steps."""
+    return f"{config.name}/s{step.step}/" if sampler.shuffle else f"{config.name}/e{step.epoch}/"
+
+
+def run_ahead_for(config: RunConfig, task: phases.Task, step: Step, nxt: Optional[Step],
+                  next_plan: Optional[phases.Plan]) -> Optional[RunAhead]:
+    """Run-ahead requests for the next step's prompts that this step does not sample."""
+    if not (config.rollout.run_ahead and nxt is not None and next_plan is not None):
+        return None
+    ids = {p: list(task.by_id[p].token_ids) for p in nxt.prompt_ids if p not in step.prompt_ids}
+    return RunAhead(preferred=[list(e) for e in next_plan.assignment], prompt_ids=ids,
+                    samples=config.rollout.run_ahead_samples, step=nxt.step, seed=config.seed,
+                    max_new_tokens=config.rollout.max_new_tokens)
+
+
+def export_step(pool, store, plan: phases.Plan, rollout: phases.Rollout,
+                step: Step) -> Dict[str, Any]:
+    """The step's prompts from their home engines, and the run-ahead prompts from the engines
+    that drafted them, into the driver's store."""
+    where = {pid: [e] for e, ids in enumerate(plan.assignment) for pid in ids}
+    for pid, e in (rollout.run_ahead or {}).get("claimed", {}).items():
+        if e not in where.setdefault(pid, []):
+            where[pid].append(e)
+    return phases.export_histories(pool, store, where)
+
+
+def step_keys(config: RunConfig, sampler: StepSampler, step: Step) -> Dict[str, Any]:
+    """A step's place in the run and how its prompts were seen before."""
+    return {"step": step.step, "step_in_epoch": step.step_in_epoch,
+            "num_prompts": len(step.prompt_ids), "group_size": config.rollout.group_size,
+            **sampler.visit(step.step).summary()}
+
+
+def transfer_keys(imported: List[Dict[str, Any]], exported: Optional[Dict[str, Any]],
+                  run_ahead: Optional[Dict[str, Any]], run_ahead_on: bool) -> Dict[str, Any]:
+    """The history transfers of the step's loop pass: the export of its prompts, the import
+    of the next step's (and, in a process's first step, of its own, up front); seconds, bytes
+    and the part on the critical path (the export's time past the training, every wait for
+    an import); and its run-ahead figures."""
+    out: Dict[str, Any] = {}
+    if exported is not None:
+        dropped = imported[-1]["num_prompts"]
+        out.update(history_import_s=sum(i["seconds"] for i in imported),
+                   history_import_bytes=sum(i["bytes"] for i in imported),
+                   history_export_s=exported["seconds"], history_export_bytes=exported["bytes"],
+                   history_exported_prompts=exported["prompts"],
+                   history_transfer_critical_s=exported["critical_s"]
+                   + sum(i["waited_s"] for i in imported),
+                   history_num_prompts_after_drop=[dropped.get(e) for e in sorted(dropped)])
+    if run_ahead_on:  # zeros in a step without a next one
+        out.update({k: 0 for k in ("run_ahead_requests", "run_ahead_tokens", "run_ahead_prompts",
+                                   "run_ahead_aborted")},
+                   run_ahead_abort_s=0.0, run_ahead_drain_s=0.0)
+        out.update({k: v for k, v in (run_ahead or {}).items() if k != "claimed"})
+    return out
+
+
 def record_epoch(config: RunConfig, trace: TraceLog, state, rollout: phases.Rollout,
-                 rewards: Dict[str, float], metrics: Dict[str, Any]) -> None:
-    """The epoch's responses to the trace, its metrics line, then the state that points past
-    it (``metrics.RunState``)."""
+                 rewards: Dict[str, float], metrics: Dict[str, Any],
+                 trace_epoch: Optional[int] = None) -> None:
+    """The step's responses to the trace (as ``trace_epoch``, the global step: the policy
+    version that made them), its metrics line, then the state that points past it
+    (``metrics.RunState``)."""
     if config.loop.trace:
-        trace.add_epoch(metrics["epoch"], rollout.jobs, rewards)
+        trace.add_epoch(metrics["epoch"] if trace_epoch is None else trace_epoch,
+                        rollout.jobs, rewards)
     append_metrics(config.run_dir / "metrics.jsonl", metrics)
     state.save(config.run_dir)
-    logger.info("epoch %d: reward %.3f, rollout %.1fs (%.0f tok/s, tau %.2f, bubble %.2f)",
-                metrics["epoch"], metrics["mean_reward"], metrics["rollout_makespan_s"],
+    logger.info("epoch %d%s: reward %.3f, rollout %.1fs (%.0f tok/s, tau %.2f, bubble %.2f)",
+                metrics["epoch"], f" step {metrics['step']}" if "step" in metrics else "",
+                metrics["mean_reward"], metrics["rollout_makespan_s"],
                 metrics["tokens_per_s"], metrics["tau"], metrics["bubble_ratio"])
+
+
+def record_epoch_aggregate(run_dir, epoch: int) -> None:
+    """An epoch's line in ``epochs.jsonl`` from its step lines in ``metrics.jsonl``."""
+    steps = [m for m in read_metrics(run_dir / "metrics.jsonl") if m.get("epoch") == epoch]
+    append_metrics(run_dir / "epochs.jsonl", epoch_aggregate(steps))
 
 
 def save_final(config: RunConfig, trainer, tokenizer) -> None:

@@ -1,4 +1,6 @@
-"""Run bookkeeping on disk: loop state (for ``--resume``), metrics JSONL, and the rollout trace."""
+"""Run bookkeeping on disk: loop state (for ``--resume``), metrics JSONL (one line per step;
+with steps smaller than the dataset also ``epochs.jsonl``, one line per finished epoch), and
+the rollout trace."""
 
 from __future__ import annotations
 
@@ -16,10 +18,11 @@ from rl_driver.balance import imbalance, predicted_makespan
 class RunState:
     """What a resumed run needs besides the trainer checkpoint and the history snapshots."""
 
-    next_epoch: int = 0
+    next_epoch: int = 0  # the epoch of next_step
     weight_version: int = 0
-    affinity: Dict[str, int] = field(default_factory=dict)  # prompt_id -> engine last epoch
-    first_epoch_of_process: int = 0
+    affinity: Dict[str, int] = field(default_factory=dict)  # prompt_id -> engine last visit
+    next_step: int = 0  # the global step to run next (= next_epoch with one step per epoch)
+    first_epoch_of_process: int = 0  # the first step this process runs
 
     @classmethod
     def load(cls, run_dir: Path) -> "RunState":
@@ -28,8 +31,9 @@ class RunState:
             raise ValueError(f"cannot resume: {path} does not exist (no finished epoch)")
         raw = json.loads(path.read_text())
         state = cls(next_epoch=int(raw["next_epoch"]), weight_version=int(raw["weight_version"]),
-                    affinity={k: int(v) for k, v in raw["affinity"].items()})
-        state.first_epoch_of_process = state.next_epoch
+                    affinity={k: int(v) for k, v in raw["affinity"].items()},
+                    next_step=int(raw.get("next_step", raw["next_epoch"])))
+        state.first_epoch_of_process = state.next_step
         return state
 
     def save(self, run_dir: Path) -> None:
@@ -47,7 +51,7 @@ def open_run_dir(run_dir: Path, config: Dict[str, Any], resume: bool) -> RunStat
     run_dir.mkdir(parents=True, exist_ok=True)
     state = RunState.load(run_dir) if resume else RunState()
     if not resume:
-        for stale in ("metrics.jsonl", "state.json"):
+        for stale in ("metrics.jsonl", "epochs.jsonl", "state.json"):
             (run_dir / stale).unlink(missing_ok=True)
     (run_dir / "config.json").write_text(json.dumps(config, indent=2))
     return state
@@ -158,3 +162,29 @@ def epoch_metrics(epoch: int, *, balance: str, plan, rollout, rewards: Dict[str,
         "history_forwarded_bytes": fed.forwarded_bytes,
         "history_restored_bytes": rollout.restored_bytes,
     }
+
+
+# summed over an epoch's steps in epochs.jsonl (a step line's keys, where present)
+EPOCH_SUMS = ("rollout_makespan_s", "response_tokens", "train_time_s", "sync_time_s",
+              "migrations", "restarts", "reissued", "history_import_s", "history_export_s",
+              "history_import_bytes", "history_export_bytes", "history_transfer_critical_s",
+              "run_ahead_requests", "run_ahead_tokens", "run_ahead_abort_s")
+
+
+def epoch_aggregate(steps: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """One line of ``epochs.jsonl`` from an epoch's step lines: ``epoch``, ``steps``,
+    ``prompts``, ``mean_reward`` (over every response of the epoch), ``tokens_per_s``
+    (tokens / rollout seconds) and the sums of :data:`EPOCH_SUMS`."""
+    responses = [m["num_prompts"] * m["group_size"] for m in steps]
+    out: Dict[str, Any] = {
+        "epoch": steps[0]["epoch"], "steps": len(steps),
+        "first_step": steps[0]["step"], "last_step": steps[-1]["step"],
+        "prompts": sum(m["num_prompts"] for m in steps),
+        "mean_reward": sum(m["mean_reward"] * n for m, n in zip(steps, responses)) / sum(responses),
+    }
+    for key in EPOCH_SUMS:
+        if all(key in m for m in steps):
+            out[key] = sum(m[key] for m in steps)
+    if out.get("rollout_makespan_s"):
+        out["tokens_per_s"] = out["response_tokens"] / out["rollout_makespan_s"]
+    return out

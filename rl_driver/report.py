@@ -171,11 +171,12 @@ def save_side_by_side(run_dir: Path, result: Dict[str, Any]) -> Path:
 
 
 def _epoch_table(metrics: List[Dict[str, Any]]) -> List[str]:
-    """Per-epoch figures, each epoch on its own (no ratio to another epoch)."""
+    """Per-epoch (per-step in a run of steps) figures, each on its own (no ratio to another)."""
     lines = ["| epoch | reward | rollout s | tok/s | tau | mean len | bubble | migrations | "
              "train s | sync s |", "|---" * 10 + "|"]
     for m in metrics:
-        lines.append(f"| {m['epoch']} | {m['mean_reward']:.3f} | {m['rollout_makespan_s']:.1f} | "
+        label = f"{m['epoch']} (step {m['step']})" if "step" in m else m["epoch"]
+        lines.append(f"| {label} | {m['mean_reward']:.3f} | {m['rollout_makespan_s']:.1f} | "
                      f"{m['tokens_per_s']:.0f} | {m['tau']:.2f} | {m['mean_response_len']:.1f} | "
                      f"{m['bubble_ratio']:.2f} | {m['migrations']} | {m['train_time_s']:.1f} | "
                      f"{m['sync_time_s']:.1f} |")
@@ -251,7 +252,7 @@ def write_report(run_dir: Path, title: str = "") -> Path:
     metrics = read_metrics(run_dir / "metrics.jsonl")
     if not metrics:
         raise ValueError(f"{run_dir}/metrics.jsonl has no epochs to report")
-    epochs = [m["epoch"] for m in metrics]
+    epochs = [m.get("step", m["epoch"]) for m in metrics]  # a run of steps: one point a step
     _plot_series(run_dir / "reward.png", epochs, {"mean reward": [m["mean_reward"] for m in metrics]},
                  "mean reward", "Reward")
     _plot_series(run_dir / "tau.png", epochs, {"tau": [m["tau"] for m in metrics]},

@@ -10,7 +10,8 @@ per-request ``generate_one`` (streamed, so ``progress`` can report tokens in fli
 (``rhyme_set_rewards``, ``rhyme_advance_epoch``, ``rhyme_stats``, ``rhyme_save``,
 ``rhyme_load``, ``rhyme_snapshot`` / ``rhyme_restore`` (a snapshot's bytes, carried by Ray:
 no disk shared between nodes), ``rhyme_reset``, ``rhyme_predict_lengths``, ``rhyme_export_history`` /
-``rhyme_import_history``). When RHYME is off the history
+``rhyme_export_histories`` / ``rhyme_import_history`` / ``rhyme_import_histories`` /
+``rhyme_drop_history``). When RHYME is off the history
 calls are answered locally (empty stats, no predictions) and never reach the engine.
 
 All methods are ``async`` (a Ray async actor), so many ``generate_one`` calls run at once
@@ -94,13 +95,17 @@ class RolloutActor:
 
     async def generate_one(self, request: Dict[str, Any]) -> Dict[str, Any]:
         """Generate one response. ``request``: rid, input_ids, sampling_params, and optionally
-        prompt_id/sample (sent to RHYME as ``custom_params``). Returns output ids, logprobs,
+        prompt_id/sample (sent to RHYME as ``custom_params``) and ``run_ahead`` (true: a
+        draft-only request, ``rhyme_run_ahead``, whose tokens the engine keeps as drafts of the
+        prompt's next visit). Returns output ids, logprobs,
         the finish type ('stop' | 'length' | 'abort'), spec stats and actor-side timestamps."""
         rid = request["rid"]
         params = dict(request["sampling_params"])
         if self.rhyme and "prompt_id" in request:
             params["custom_params"] = {"rhyme_prompt_id": str(request["prompt_id"]),
                                        "rhyme_sample": int(request.get("sample", 0))}
+            if request.get("run_ahead"):
+                params["custom_params"]["rhyme_run_ahead"] = True
         start = time.time()
         self._progress[rid] = 0
         try:
@@ -321,12 +326,35 @@ class RolloutActor:
         except ValueError:
             return None
 
+    async def rhyme_export_histories(self, prompt_ids: List[str]) -> List[Dict[str, Any]]:
+        """The histories of ``prompt_ids`` (``Engine.rhyme_export_histories``: prompts this
+        engine lacks are left out); [] when RHYME is off."""
+        if not self.rhyme:
+            return []
+        return list(await self._blocking(self.engine.rhyme_export_histories, list(prompt_ids)))
+
+    async def rhyme_drop_history(self, prompt_ids: List[str]) -> Dict[str, Any]:
+        """Forget ``prompt_ids`` (``Engine.rhyme_drop_history``: ``dropped``, ``busy`` (prompts
+        with requests in flight, kept), ``num_prompts``, ``memory_bytes``)."""
+        if not self.rhyme:
+            return {"dropped": 0, "busy": [], "num_prompts": 0, "memory_bytes": 0}
+        return dict(await self._blocking(self.engine.rhyme_drop_history, list(prompt_ids)))
+
     async def rhyme_import_history(self, history: Dict[str, Any], replace: bool = False) -> int:
         """Add an exported history (or ``transfer.response_state``); returns responses added."""
         if not self.rhyme:
             return 0
         return int((await self._blocking(self.engine.rhyme_import_history, history,
                                          replace))["added"])
+
+    async def rhyme_import_histories(self, histories: List[Dict[str, Any]],
+                                     replace: bool = False) -> Dict[str, Any]:
+        """Add several exported histories -> ``{"added", "seconds"}`` (this engine's time)."""
+        start = time.time()
+        added = 0
+        for history in histories:
+            added += await self.rhyme_import_history(history, replace)
+        return {"added": added, "seconds": time.time() - start}
 
     async def rhyme_predict_lengths(self, prompts: List[List[int]]) -> Optional[List[float]]:
         """Predicted response lengths, or None when RHYME is off (the caller's default)."""

@@ -94,10 +94,10 @@ def start_stack(config: RunConfig, model_path: str, state: RunState, resume: boo
                       disk_dir=config.sync.disk_dir or str(run_dir / "weights"))
     sync.check_disk_dir()
     stack = Stack(trainer, pool, sync, run_dir, placement)
-    if resume and state.next_epoch > 0:
+    if resume and state.next_step > 0:
         stack.resume(state)
-        logger.info("resumed %s at epoch %d (weights v%d)", config.name, state.next_epoch,
-                    state.weight_version)
+        logger.info("resumed %s at epoch %d, step %d (weights v%d)", config.name,
+                    state.next_epoch, state.next_step, state.weight_version)
     stack.startup_s = time.time() - t_start
     return stack
 

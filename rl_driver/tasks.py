@@ -1,7 +1,9 @@
 """Prompt sets for the loop: reasoning-gym chat prompts and a synthetic target-token task.
 
 A ``Prompt`` carries its id, token ids and whatever the reward function needs (``entry``).
-The same prompts are used every epoch (history drafting relies on that).
+The prompts are a dataset: an epoch visits each once, and a step samples
+``rollout.prompts_per_step`` of them (:mod:`rl_driver.steps`; 0 = all, one step per epoch).
+History drafting serves a prompt's later visits, so prompt ids are stable for a given seed.
 """
 
 from __future__ import annotations
@@ -14,10 +16,11 @@ from typing import Any, Dict, List
 from rl_driver.config import TaskConfig
 from rl_driver.task_presets import column_sums
 
-def sampling_seed(seed: int, epoch: int, prompt_id, sample: int) -> int:
+def sampling_seed(seed: int, epoch, prompt_id, sample: int) -> int:
     """A ``sampling_seed`` for sample ``sample`` of prompt ``prompt_id`` in ``epoch`` (63 bits,
-    a hash of the four): engines that get the same one draw the same tokens from the same
-    policy, speculating or not."""
+    a hash of the four; ``epoch`` is an int for real samples, the global step in a run of
+    steps, and a ``"runahead/<step>"`` string for run-ahead requests): engines that get the
+    same one draw the same tokens from the same policy, speculating or not."""
     digest = hashlib.blake2b(f"{seed}/{epoch}/{prompt_id}/{sample}".encode(), digest_size=8)
     return int.from_bytes(digest.digest(), "little") >> 1
 

@@ -1,0 +1,112 @@
+"""Steps at dataset scale on the tiny model with 2 RHYME engines under Ray: 6 prompts, 3 a
+step (2 steps an epoch), 2 epochs, histories kept by the driver between visits
+(``rollout.history: per_step``) and run-ahead drafts on idle engines. One epoch runs, then
+the run resumes for the second: per-step metrics and visits, engines holding at most the
+current and the next step's prompts, measured transfers, each (prompt, sample) answered once
+per visit with no run-ahead output in the trace or the training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.ray, pytest.mark.sglang, pytest.mark.slow]
+
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
+P, B, G = 6, 3, 2
+
+
+def settings(out, epochs):
+    return {"loop.output_dir": str(out), "loop.epochs": epochs, "name": "steps",
+            "task.num_prompts": P, "rollout.group_size": G, "rollout.prompts_per_step": B,
+            "rollout.history": "per_step", "rollout.history_shards": 4,
+            "rollout.run_ahead": True, "rollout.run_ahead_samples": 2,
+            "rollout.poll_interval_s": 0.05, "rollout.max_new_tokens": 32}
+
+
+@pytest.fixture(scope="module")
+def steps_run(ray_cluster, tmp_path_factory):
+    from rl_driver.config import load_config
+    from rl_driver.loop import run
+
+    out = tmp_path_factory.mktemp("runs")
+    first = run(load_config(str(CONFIG), settings(out, 1)))
+    config = load_config(str(CONFIG), settings(out, 2))
+    second = run(config, resume=True)
+    lines = [json.loads(x) for x in (config.run_dir / "metrics.jsonl").read_text().splitlines()]
+    return config, first, second, lines
+
+
+def test_steps_epochs_and_visits(steps_run):
+    from rl_driver.steps import StepSampler
+
+    config, first, second, lines = steps_run
+    assert [m["step"] for m in first] == [0, 1] and [m["step"] for m in second] == [2, 3]
+    assert [m["step"] for m in lines] == [0, 1, 2, 3]
+    assert [m["epoch"] for m in lines] == [0, 0, 1, 1]
+    assert [m["step_in_epoch"] for m in lines] == [0, 1, 0, 1]
+    assert [m["visit"] for m in lines] == ["first", "first", "revisit", "revisit"]
+    assert [m["train"]["version"] for m in lines] == [1, 2, 3, 4]  # one update a step
+    sampler = StepSampler([f"target-0-{i}" for i in range(P)], B, 0)
+    for m in lines[2:]:
+        assert m["updates_since_last_visit"] == sampler.visit(m["step"]).summary()[
+            "updates_since_last_visit"]
+        assert 1 <= m["updates_since_last_visit_min"] <= m["updates_since_last_visit_max"] <= 3
+    # over the epoch every prompt comes back after 2 updates on average (one epoch of steps)
+    assert (lines[2]["updates_since_last_visit"] + lines[3]["updates_since_last_visit"]) / 2 == 2
+    epochs = [json.loads(x) for x in (config.run_dir / "epochs.jsonl").read_text().splitlines()]
+    assert [e["epoch"] for e in epochs] == [0, 1] and [e["steps"] for e in epochs] == [2, 2]
+    assert [e["prompts"] for e in epochs] == [P, P]
+    assert epochs[1]["response_tokens"] == lines[2]["response_tokens"] + lines[3]["response_tokens"]
+    state = json.loads((config.run_dir / "state.json").read_text())
+    assert state["next_step"] == 4 and state["next_epoch"] == 2
+
+
+def test_engines_hold_current_and_next_step_only(steps_run):
+    *_, lines = steps_run
+    for m in lines:
+        assert all(n is not None and n <= 2 * B for n in m["history_num_prompts"]), m["step"]
+        assert all(n <= 2 * B for n in m["history_num_prompts_after_drop"])
+    assert lines[-1]["history_num_prompts"] == [0, 0]  # the last step kept nothing in engines
+
+
+def test_transfers_are_measured(steps_run):
+    config, *_, lines = steps_run
+    for m in lines:
+        assert m["history_export_bytes"] > 0 and m["history_exported_prompts"] >= B
+        assert m["history_export_s"] > 0 and m["history_transfer_critical_s"] >= 0
+    # the resumed process imports its first step's prompts up front, from the shards the
+    # first process wrote, then the next step's (revisits: stored histories)
+    assert lines[2]["history_import_bytes"] > 0 and lines[2]["history_import_s"] > 0
+    assert lines[1]["history_import_bytes"] == 0  # the first process's last step: no next one
+    assert len(list((config.run_dir / "history").glob("shard-*.pkl"))) >= 1
+
+
+def test_each_sample_once_per_visit_and_no_run_ahead_output(steps_run):
+    from rhyme_sglang.core import read_trace
+
+    config, *_, lines = steps_run
+    records = read_trace(str(config.run_dir / "trace.jsonl.gz"))
+    from rl_driver.steps import StepSampler
+
+    sampler = StepSampler([f"target-0-{i}" for i in range(P)], B, 0)
+    for s in range(4):
+        rows = [r for r in records if r.epoch == s]  # the trace's epoch is the global step
+        assert sorted((r.prompt_id, r.sample) for r in rows) == sorted(
+            (p, k) for p in sampler.step(s).prompt_ids for k in range(G))
+    for m in lines:  # trained on exactly the step's responses
+        assert m["train"]["train_tokens"] == m["response_tokens"] > 0
+        assert m["mean_response_len"] == m["response_tokens"] / (B * G)
+
+
+def test_run_ahead_ran_and_reached_the_engines(steps_run):
+    *_, lines = steps_run
+    assert all("run_ahead_requests" in m for m in lines)
+    ran = [m for m in lines if m["run_ahead_requests"] > 0]
+    assert ran, [m["run_ahead_requests"] for m in lines]
+    for m in ran:
+        assert m["run_ahead_abort_s"] >= 0 and m["run_ahead_tokens"] >= 0
+        assert sum(m["run_ahead_records"]) > 0  # the next step's engines hold the drafts
+    assert lines[-1]["run_ahead_requests"] == 0  # no next step after the last
