@@ -52,11 +52,13 @@ class RequestTable:
         return self._tracked.get(rid)
 
     def start(self, rid: str, prompt: Sequence[int], prompt_id: Optional[str] = None,
-              sample: Optional[int] = None) -> Tracked:
-        """Begin tracking ``rid`` (and start it in the store). Raises ValueError if tracked."""
+              sample: Optional[int] = None, run_ahead: bool = False) -> Tracked:
+        """Begin tracking ``rid`` (and start it in the store; ``run_ahead``: its response is a
+        draft-only record). Raises ValueError if tracked."""
         if rid in self._tracked:
             raise ValueError(f"request {rid!r} already tracked")
-        self.store.start_request(rid, list(prompt), prompt_id=prompt_id, sample=sample)
+        self.store.start_request(rid, list(prompt), prompt_id=prompt_id, sample=sample,
+                                 run_ahead=run_ahead)
         tracked = self._tracked[rid] = Tracked()
         return tracked
 

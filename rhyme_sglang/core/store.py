@@ -95,12 +95,6 @@ class DraftStore(HistoryUpkeep):
         self._requests[request_id] = req
         return key
 
-    def mark_run_ahead(self, request_id: str) -> None:
-        """Make an active request a run-ahead one (as `start_request(..., run_ahead=True)`);
-        a reward it was given is dropped."""
-        req = self._request(request_id)
-        req.run_ahead, req.reward = True, None
-
     def add_tokens(self, request_id: str, tokens: Sequence[int]) -> None:
         """Append generated tokens; in-flight siblings see them through the live trie."""
         req = self._request(request_id)

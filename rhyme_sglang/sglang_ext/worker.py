@@ -92,9 +92,7 @@ def track(requests: RequestTable, req) -> None:
     if req.rid not in requests:
         requests.start(req.rid, req.origin_input_ids_unpadded,
                        prompt_id=custom_param(req, "rhyme_prompt_id"),
-                       sample=custom_param(req, "rhyme_sample"))
-        if is_run_ahead(req):
-            requests.store.mark_run_ahead(req.rid)
+                       sample=custom_param(req, "rhyme_sample"), run_ahead=is_run_ahead(req))
 
 
 def finish_finished(requests: RequestTable, reqs) -> None:
