@@ -612,6 +612,7 @@ def dataset_scale_main(args, dtype: str) -> int:
 
     if args.policy != "warm_start":
         raise ValueError("--dataset-prompts runs on the warm-start policy (--policy warm_start)")
+    logging.getLogger(dataset_scale.__name__).setLevel(logging.INFO)  # a line per step
     report = {"model": args.model, "dtype": dtype, "cpu_flags": cpu_flags(), "group": args.group,
               "epochs": args.epochs, "max_new_tokens": args.max_new_tokens,
               "config": {"num_engines": 1, "max_running_requests": args.max_running},
