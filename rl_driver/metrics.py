@@ -22,6 +22,7 @@ class RunState:
     weight_version: int = 0
     affinity: Dict[str, int] = field(default_factory=dict)  # prompt_id -> engine last visit
     next_step: int = 0  # the global step to run next (= next_epoch with one step per epoch)
+    prompts_per_step: int = 0  # the run's rollout.prompts_per_step (a resume must keep it)
     first_epoch_of_process: int = 0  # the first step this process runs
 
     @classmethod
@@ -32,7 +33,8 @@ class RunState:
         raw = json.loads(path.read_text())
         state = cls(next_epoch=int(raw["next_epoch"]), weight_version=int(raw["weight_version"]),
                     affinity={k: int(v) for k, v in raw["affinity"].items()},
-                    next_step=int(raw.get("next_step", raw["next_epoch"])))
+                    next_step=int(raw.get("next_step", raw["next_epoch"])),
+                    prompts_per_step=int(raw.get("prompts_per_step", 0)))
         state.first_epoch_of_process = state.next_step
         return state
 
@@ -46,13 +48,23 @@ class RunState:
 
 
 def open_run_dir(run_dir: Path, config: Dict[str, Any], resume: bool) -> RunState:
-    """Create ``run_dir`` and write ``config.json``; a fresh run drops the last run's metrics
-    and state, a resumed one loads its state."""
+    """Create ``run_dir`` and write ``config.json``; a fresh run drops the last run's metrics,
+    state and driver history store (``history/``), a resumed one loads its state and must
+    keep its ``rollout.prompts_per_step`` (its steps are numbered by it)."""
+    import shutil
+
+    from rl_driver.config import ConfigError
+
     run_dir.mkdir(parents=True, exist_ok=True)
-    state = RunState.load(run_dir) if resume else RunState()
+    per_step = int(config.get("rollout", {}).get("prompts_per_step", 0))
+    state = RunState.load(run_dir) if resume else RunState(prompts_per_step=per_step)
+    if state.prompts_per_step != per_step:
+        raise ConfigError(f"config key 'rollout.prompts_per_step': the resumed run has "
+                          f"{state.prompts_per_step}, got {per_step!r}")
     if not resume:
         for stale in ("metrics.jsonl", "epochs.jsonl", "state.json"):
             (run_dir / stale).unlink(missing_ok=True)
+        shutil.rmtree(run_dir / "history", ignore_errors=True)
     (run_dir / "config.json").write_text(json.dumps(config, indent=2))
     return state
 

@@ -137,3 +137,26 @@ def test_step_config_defaults_are_todays_loop():
     cfg = config_from_dict({"rollout": {"prompts_per_step": 3, "history": "per_step",
                                         "run_ahead": True, "run_ahead_samples": 1}})
     assert cfg.rollout.prompts_per_step == 3 and cfg.rollout.run_ahead_samples == 1
+
+
+def test_run_dir_state_keeps_the_step_size(tmp_path):
+    """A fresh run drops the last run's driver history; a resume keeps the step size."""
+    from rl_driver.config import ConfigError
+    from rl_driver.metrics import RunState, open_run_dir
+
+    run = tmp_path / "r"
+    state = open_run_dir(run, {"rollout": {"prompts_per_step": 3}}, resume=False)
+    state.next_step, state.next_epoch = 3, 1
+    state.save(run)
+    (run / "history").mkdir()
+    (run / "history" / "shard-000.pkl").write_bytes(b"old")
+    again = open_run_dir(run, {"rollout": {"prompts_per_step": 3}}, resume=True)
+    assert (again.next_step, again.next_epoch, again.first_epoch_of_process) == (3, 1, 3)
+    assert (run / "history" / "shard-000.pkl").exists()
+    with pytest.raises(ConfigError, match="'rollout.prompts_per_step'.*4"):
+        open_run_dir(run, {"rollout": {"prompts_per_step": 4}}, resume=True)
+    open_run_dir(run, {"rollout": {"prompts_per_step": 4}}, resume=False)
+    assert not (run / "history").exists() and not (run / "state.json").exists()
+    old = run / "state.json"  # a state written before steps existed resumes at its epoch
+    old.write_text('{"next_epoch": 2, "weight_version": 2, "affinity": {}}')
+    assert RunState.load(run).next_step == 2
