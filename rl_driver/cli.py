@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser(
         "train", help="run the GRPO loop", formatter_class=raw,
         description="Run the GRPO loop: generate -> score -> rewards to history -> train ->\n"
-        "sync weights, once per epoch; writes runs/<name>/ (metrics, trace, report).",
+        "sync weights, once per step (rollout.prompts_per_step prompts; 0 = all, one step per\n"
+        "epoch); writes runs/<name>/ (metrics, trace, report).",
         epilog="examples:\n  rhyme-rl train --config configs/demo.yaml\n"
         "  rhyme-rl train --config configs/demo.yaml --num-engines 1 --set rollout.group_size=8\n"
         "  rhyme-rl train --config configs/demo.yaml --resume\n"
@@ -135,10 +136,11 @@ def startup_line(config) -> str:
 
 def train(config, resume: bool = False, progress: bool = True, echo=None,
           phases: bool = True) -> List[Dict[str, Any]]:
-    """Run the loop with a bar over epochs (``progress``) and bars inside each epoch
-    (``phases``): tqdm bars on a terminal, plain lines on stderr anywhere else (a line per
-    epoch with ``progress``; :mod:`rl_driver.progress_view`). ``echo(metrics, first)`` prints
-    a line per epoch. Prints the chosen dtype and threads first."""
+    """Run the loop with a bar over epochs, or steps with ``rollout.prompts_per_step``
+    (``progress``), and bars inside each step (``phases``): tqdm bars on a terminal, plain
+    lines on stderr anywhere else (a line per step with ``progress``;
+    :mod:`rl_driver.progress_view`). ``echo(metrics, first)`` prints a line per step. Prints
+    the chosen dtype and threads first."""
     from tqdm import tqdm
 
     from rl_driver.loop import run
@@ -148,8 +150,10 @@ def train(config, resume: bool = False, progress: bool = True, echo=None,
     config = config.resolved()
     print(startup_line(config), flush=True)
     tty = sys.stderr.isatty()
-    bar = tqdm(total=config.loop.epochs, desc=config.name, unit="epoch",
-               disable=not (progress and tty))
+    per_step, prompts = config.rollout.prompts_per_step, config.task.num_prompts
+    steps = -(-prompts // per_step) if 0 < per_step < prompts else 1  # steps per epoch
+    bar = tqdm(total=config.loop.epochs * steps, desc=config.name,
+               unit="step" if steps > 1 else "epoch", disable=not (progress and tty))
     sink = progress_sink(nested=progress) if phases else None
     first: Dict[str, Any] = {}
 
@@ -158,7 +162,8 @@ def train(config, resume: bool = False, progress: bool = True, echo=None,
         bar.update(1)
         bar.set_postfix(reward=f"{metrics['mean_reward']:.3f}", tau=f"{metrics['tau']:.2f}")
         if progress and not tty:
-            print(f"{config.name}: epoch {metrics['epoch']} done, reward "
+            where = f" step {metrics['step']}" if "step" in metrics else ""
+            print(f"{config.name}: epoch {metrics['epoch']}{where} done, reward "
                   f"{metrics['mean_reward']:.3f}, tau {metrics['tau']:.2f}", file=sys.stderr,
                   flush=True)
         if echo is not None:
