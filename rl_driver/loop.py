@@ -223,6 +223,8 @@ def transfer_keys(imported: List[Dict[str, Any]], exported: Optional[Dict[str, A
                    history_import_bytes=sum(i["bytes"] for i in imported),
                    history_export_s=exported["seconds"], history_export_bytes=exported["bytes"],
                    history_exported_prompts=exported["prompts"],
+                   history_store_write_bytes=exported["store_bytes"],
+                   history_drop_busy=sum(i["busy"] for i in imported),
                    history_transfer_critical_s=exported["critical_s"]
                    + sum(i["waited_s"] for i in imported),
                    history_num_prompts_after_drop=[dropped.get(e) for e in sorted(dropped)])

@@ -222,7 +222,7 @@ def merge_histories(states: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
 def export_histories(pool, store, where: Dict[str, List[int]]) -> Dict[str, Any]:
     """Export each prompt's history from the engines ``where[prompt]`` lists (its home engine
     first), merge them and put them in the driver ``store``; returns ``seconds`` (export and
-    write), ``bytes`` (as pickled) and ``prompts``."""
+    write), ``bytes`` (as pickled), ``prompts`` and ``store_bytes`` (the shards rewritten)."""
     import ray
 
     t0 = time.time()
@@ -243,8 +243,8 @@ def export_histories(pool, store, where: Dict[str, List[int]]) -> Dict[str, Any]
     exported.sort(key=lambda st: rank[id(st)])  # home engines' records first
     states = merge_histories(exported)
     size = sum(len(pickle.dumps(st, protocol=5)) for st in states)
-    store.put(states)
-    return {"seconds": time.time() - t0, "bytes": size, "prompts": len(states)}
+    return {"seconds": time.time() - t0, "bytes": size, "prompts": len(states),
+            "store_bytes": store.put(states)}
 
 
 class Transfers(NamedTuple):
@@ -257,11 +257,12 @@ class Transfers(NamedTuple):
 
     def wait(self) -> Dict[str, Any]:
         """Wait for every call; ``seconds``: the slowest engine's import time, ``waited_s``:
-        how long this wait took, ``num_prompts``: per engine after its drop."""
+        how long this wait took, ``num_prompts``: per engine after its drop, ``busy``: prompts
+        an engine kept because a request of theirs was in flight."""
         import ray
 
         t0 = time.time()
-        seconds, num_prompts = 0.0, {}
+        seconds, num_prompts, busy = 0.0, {}, 0
         for e, ref in self.imports.items():
             try:
                 seconds = max(seconds, float(ray.get(ref)["seconds"]))
@@ -269,11 +270,13 @@ class Transfers(NamedTuple):
                 logger.warning("engine%d could not import histories: %s", e, exc)
         for e, ref in self.drops.items():
             try:
-                num_prompts[e] = ray.get(ref).get("num_prompts")
+                dropped = ray.get(ref)
+                num_prompts[e] = dropped.get("num_prompts")
+                busy += len(dropped.get("busy") or [])
             except Exception as exc:
                 logger.warning("engine%d could not drop histories: %s", e, exc)
         return {"seconds": seconds, "bytes": self.bytes, "waited_s": time.time() - t0,
-                "num_prompts": num_prompts}
+                "num_prompts": num_prompts, "busy": busy}
 
 
 def start_transfers(pool, store, assignment: List[List[str]], drop: List[str]) -> Transfers:

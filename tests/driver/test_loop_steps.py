@@ -77,6 +77,8 @@ def test_transfers_are_measured(steps_run):
     for m in lines:
         assert m["history_export_bytes"] > 0 and m["history_exported_prompts"] >= B
         assert m["history_export_s"] > 0 and m["history_transfer_critical_s"] >= 0
+        assert m["history_store_write_bytes"] > 0
+        assert m["history_drop_busy"] == 0
     # the resumed process imports its first step's prompts up front, from the shards the
     # first process wrote, then the next step's (revisits: stored histories)
     assert lines[2]["history_import_bytes"] > 0 and lines[2]["history_import_s"] > 0
