@@ -26,15 +26,39 @@ def settings(out, epochs):
             "rollout.poll_interval_s": 0.05, "rollout.max_new_tokens": 32}
 
 
+def hold_engine1(threads):
+    """``on_rollout_start``: engine1 pauses for 3 s once the step's requests are in flight, so
+    engine0 runs out of jobs while engine1 still has some (run-ahead then runs, whatever
+    the tiny model's lengths); the pause keeps requests in place (lossless)."""
+    import threading
+    import time
+
+    import ray
+
+    def hold(pool):
+        ray.get(pool.actors[1].pause_generation.remote())
+        time.sleep(3.0)
+        ray.get(pool.actors[1].resume_generation.remote())
+
+    def start(epoch, pool):
+        threads.append(threading.Thread(target=hold, args=(pool,)))
+        threads[-1].start()
+
+    return start
+
+
 @pytest.fixture(scope="module")
 def steps_run(ray_cluster, tmp_path_factory):
     from rl_driver.config import load_config
     from rl_driver.loop import run
 
     out = tmp_path_factory.mktemp("runs")
-    first = run(load_config(str(CONFIG), settings(out, 1)))
+    threads: list = []
+    first = run(load_config(str(CONFIG), settings(out, 1)), on_rollout_start=hold_engine1(threads))
     config = load_config(str(CONFIG), settings(out, 2))
-    second = run(config, resume=True)
+    second = run(config, resume=True, on_rollout_start=hold_engine1(threads))
+    for t in threads:
+        t.join()
     lines = [json.loads(x) for x in (config.run_dir / "metrics.jsonl").read_text().splitlines()]
     return config, first, second, lines
 
@@ -107,8 +131,9 @@ def test_run_ahead_ran_and_reached_the_engines(steps_run):
     *_, lines = steps_run
     assert all("run_ahead_requests" in m for m in lines)
     ran = [m for m in lines if m["run_ahead_requests"] > 0]
-    assert ran, [m["run_ahead_requests"] for m in lines]
+    assert [m["step"] for m in ran] == [0, 2], [m["run_ahead_requests"] for m in lines]
     for m in ran:
-        assert m["run_ahead_abort_s"] >= 0 and m["run_ahead_tokens"] >= 0
+        assert m["run_ahead_abort_s"] >= 0 and m["run_ahead_tokens"] > 0
+        assert 0 <= m["run_ahead_aborted"] <= m["run_ahead_requests"]
         assert sum(m["run_ahead_records"]) > 0  # the next step's engines hold the drafts
-    assert lines[-1]["run_ahead_requests"] == 0  # no next step after the last
+    assert lines[1]["run_ahead_requests"] == lines[3]["run_ahead_requests"] == 0  # no next step
