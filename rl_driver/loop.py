@@ -20,7 +20,7 @@ prompts of a per-epoch shuffle; 0 = every prompt, one step per epoch):
    the step's other prompts dropped from the engines;
 6. sync weights trainer -> engines (the history epoch advances with the new weights, so a
    history's recency counts policy updates);
-7. snapshot histories, checkpoint the trainer, wait for the imports, append metrics (JSONL;
+7. wait for the imports, snapshot histories, checkpoint the trainer, append metrics (JSONL;
    ``epochs.jsonl`` after an epoch's last step in a run of steps) and the trace.
 
 ``run(config, resume=True)`` continues from the next step of ``runs/<name>``.
@@ -138,11 +138,12 @@ def run(config: RunConfig, resume: bool = False,
             state.weight_version = int(train["version"])
             checkpoint = stack.start_checkpoint(config.loop.checkpoint)
             sync_s = phases.sync_weights(stack.sync, state.weight_version, progress)
-            # snapshot histories; the checkpoint lands before the state that points past it
-            pool.snapshot_all()
-            wait(checkpoint)
             if transfers is not None:  # the next step's imports and this step's drops
                 imported.append(transfers.wait())
+            # snapshot histories (a restarted engine gets the next step's imports back); the
+            # checkpoint lands before the state that points past it
+            pool.snapshot_all()
+            wait(checkpoint)
             state.affinity.update({pid: e for e, eng in enumerate(plan.assignment) for pid in eng})
             state.next_step = s + 1
             state.next_epoch = nxt.epoch if nxt is not None else step.epoch + 1
