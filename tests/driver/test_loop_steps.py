@@ -137,3 +137,50 @@ def test_run_ahead_ran_and_reached_the_engines(steps_run):
         assert 0 <= m["run_ahead_aborted"] <= m["run_ahead_requests"]
         assert sum(m["run_ahead_records"]) > 0  # the next step's engines hold the drafts
     assert lines[1]["run_ahead_requests"] == lines[3]["run_ahead_requests"] == 0  # no next step
+
+
+def test_run_ahead_is_aborted_at_the_last_real_finish(ray_cluster):
+    """The dispatcher over test_dispatch's fake engines: engine1 runs out of jobs while
+    engine0 still decodes a long one, so engine1 drafts the next step's prompt (its own
+    planned one first) until that job finishes; then they are aborted at once, and the
+    step's responses are exactly those of the real jobs."""
+    from rl_driver.dispatch import DispatchConfig, Dispatcher, RunAhead, run_ahead_seed
+    from tests.driver.test_dispatch import FakeEngine, check_complete, make_jobs
+
+    class RecordingEngine(FakeEngine):
+        async def generate_one(self, request):
+            self.__dict__.setdefault("seen", []).append(request)
+            return await FakeEngine.generate_one(self, request)
+
+        async def requests(self):
+            return self.__dict__.get("seen", [])
+
+    class Pool:
+        num_engines = 2
+
+        def __init__(self):
+            cls = ray_cluster.remote(RecordingEngine)
+            self.actors = [cls.remote(f"e{i}", 0.01) for i in range(2)]
+
+        def restart(self, i):
+            raise AssertionError(f"engine{i} died")
+
+    pool = Pool()
+    jobs = make_jobs([[60], [5, 6]])
+    ahead = RunAhead(preferred=[["n1"], ["n0"]], prompt_ids={"n0": [200, 7, 0, 0], "n1": [200, 8, 0, 0]},
+                     samples=2, step=1, seed=0, max_new_tokens=200)
+    dispatcher = Dispatcher(pool, DispatchConfig(sampling_params={"max_new_tokens": 200},
+                                                 poll_interval_s=0.02, migrate=False))
+    result = dispatcher.run(jobs, ahead)
+    stats = dispatcher.run_ahead_stats
+    check_complete(result.jobs)  # the real responses, whole and unchanged
+    assert sorted(j.key for j in result.jobs) == ["p0-0/0", "p1-0/0", "p1-1/0"]
+    assert stats["claimed"] == {"n0": 1}  # engine0 never idled before the step ended
+    assert stats["run_ahead_requests"] == stats["run_ahead_aborted"] == 2
+    assert 0 < stats["run_ahead_tokens"] < 2 * 200
+    assert stats["run_ahead_abort_s"] < 0.5 and stats["run_ahead_drain_s"] < 5
+    sent = [r for r in ray_cluster.get(pool.actors[1].requests.remote()) if r.get("run_ahead")]
+    assert [(r["prompt_id"], r["sample"]) for r in sent] == [("n0", 0), ("n0", 1)]
+    assert [r["sampling_params"]["sampling_seed"] for r in sent] == [
+        run_ahead_seed(0, 1, "n0", k) for k in range(2)]
+    assert all(r["rid"].startswith("runahead/") for r in sent)
