@@ -17,8 +17,8 @@ updates after its last visit. The run, on one machine:
    - ``vanilla``, ``ngram`` (SGLang's NGRAM, its trie filled by its own online path);
    - ``rhyme`` (``in_engine``): every prompt's history stays in the engine that made it;
    - ``rhyme_per_step`` (``per_step_load``): the engine holds only the step's prompts; before
-     the step their records are imported from the driver-side store (``rl_driver.history_store``
-     when present, else pickled states kept here), after it (rewards set) they are exported
+     the step their records are imported from the driver's store (``rl_driver.history_store``,
+     shards in the work directory), after it (rewards set) they are exported
      back and dropped from the engine (``rhyme_export_histories`` / ``rhyme_drop_history``);
    - ``rhyme_run_ahead``: ``rhyme_per_step`` plus run-ahead drafts: once no more than
      ``--run-ahead-below`` of the step's requests are unfinished, the engine also samples
@@ -100,29 +100,6 @@ def run_ahead_seed(seed: int, step: int, prompt_id: str, sample: int) -> int:
     from rl_driver.tasks import sampling_seed
 
     return sampling_seed(seed, f"run-ahead/{step}", prompt_id, sample)
-
-
-class DriverHistory:
-    """The driver-side history of a per-step mode: one exported state per prompt (what
-    ``Engine.rhyme_export_histories`` returns), kept pickled as a driver would ship it."""
-
-    def __init__(self) -> None:
-        self._blobs: Dict[str, bytes] = {}
-
-    def put(self, states: Sequence[dict]) -> int:
-        """Store exported states; returns their pickled bytes."""
-        size = 0
-        for state in states:
-            blob = pickle.dumps(state, protocol=5)
-            self._blobs[state["prompt_id"]] = blob
-            size += len(blob)
-        return size
-
-    def get(self, prompt_ids: Sequence[str]) -> List[dict]:
-        return [pickle.loads(self._blobs[p]) for p in prompt_ids if p in self._blobs]
-
-    def bytes(self) -> int:
-        return sum(len(b) for b in self._blobs.values())
 
 
 async def _step_requests(engine, prompts, group: int, max_new_tokens: int, seeds: dict,
@@ -284,7 +261,11 @@ def _finish(result) -> str:
 def run_mode(name, engine_factory, by_id, plan, checkpoints, answers, tok, args) -> List[dict]:
     """Every step of ``plan`` on one engine of mode ``name``: one row per step."""
     history_mode = SCALE_MODES[name][1]
-    store = DriverHistory() if history_mode in ("per_step", "run_ahead") else None
+    store = None
+    if history_mode in ("per_step", "run_ahead"):  # the driver's own store, in the work dir
+        from rl_driver.history_store import HistoryStore
+
+        store = HistoryStore(Path(args.workdir) / f"history-{name}")
     engine = engine_factory(name)
     rows = []
     try:
@@ -330,7 +311,9 @@ def run_mode(name, engine_factory, by_id, plan, checkpoints, answers, tok, args)
                 row["run_ahead_records"] = int(stats.get("run_ahead_records") or 0)
             if store is not None:  # the step's prompts back out, and gone from the engine
                 t0 = time.perf_counter()
-                row["export_bytes"] = store.put(engine.rhyme_export_histories(step["prompts"]))
+                states = engine.rhyme_export_histories(step["prompts"])
+                row["export_bytes"] = sum(len(pickle.dumps(x, protocol=5)) for x in states)
+                row["store_write_bytes"] = store.put(states)
                 engine.rhyme_drop_history(step["prompts"])
                 row["export_s"] = time.perf_counter() - t0
             rows.append(row)

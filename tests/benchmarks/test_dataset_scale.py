@@ -1,10 +1,10 @@
 """bench_rollout's dataset-scale run (benchmarks/dataset_scale.py): the step plan, the run-ahead
-seeds, the driver-side store and the report block, without an engine."""
+seeds and the report block, without an engine."""
 
 import pytest
 
 from benchmarks.bench_rollout import parse_args
-from benchmarks.dataset_scale import DriverHistory, run_ahead_seed, step_plan, summarize
+from benchmarks.dataset_scale import run_ahead_seed, step_plan, summarize
 
 IDS = [f"p{i}" for i in range(10)]
 
@@ -50,17 +50,6 @@ def test_run_ahead_seeds_never_equal_a_real_samples_seed():
     ahead = {run_ahead_seed(0, step, p, k) for step in range(6) for p in IDS for k in range(4)}
     assert len(ahead) == 6 * 10 * 4 and not real & ahead
     assert run_ahead_seed(0, 1, "p0", 0) == run_ahead_seed(0, 1, "p0", 0)
-
-
-def test_driver_history_keeps_what_it_was_given():
-    store = DriverHistory()
-    states = [{"prompt_id": "a", "records": [{"response": [1, 2]}]},
-              {"prompt_id": "b", "records": []}]
-    size = store.put(states)
-    assert size == store.bytes() > 0
-    assert store.get(["b", "zz", "a"]) == [states[1], states[0]]
-    states[0]["records"].clear()  # the store holds a copy, as shipped
-    assert store.get(["a"])[0]["records"] == [{"response": [1, 2]}]
 
 
 def _rows(name, taus, **extra):
