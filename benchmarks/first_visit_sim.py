@@ -20,7 +20,8 @@ statistics: every prediction is the epoch's mean length), in three runs:
   ``"next_epoch"`` always from ``e + 1``; ``"same_epoch"`` from epoch ``e`` itself (the
   responses the step is about to generate: a ceiling, not a policy).
 
-Each run-ahead response keeps ``floor(fraction * length)`` tokens (none when that is 0).
+Each run-ahead response keeps ``floor(fraction * length)`` tokens; as in the engine, one
+shorter than ``run_ahead_min_tokens`` (``StoreConfig``'s default) is not kept.
 ``run_ahead_fraction=None`` derives the fraction from the vanilla run of the same epoch (the
 step before has the same shape): idle engine-seconds ``I = sum_e (makespan - busy_e -
 prefill_e)``; the run-ahead batch per engine ``b = min(max_running, ceil(R / engines))`` for
@@ -114,9 +115,11 @@ def derive_fraction(vanilla_epoch: dict, run_ahead: Dict[str, List[TraceRecord]]
 
 
 def prepared_source(run_ahead: Dict[str, List[TraceRecord]], fraction: float, weight: float,
-                    backend: str) -> RhymeSource:
+                    backend: str, min_tokens: Optional[int] = None) -> RhymeSource:
     """A RHYME source whose store holds the truncated run-ahead responses in a closed epoch."""
     cfg = StoreConfig(run_ahead_weight=weight) if REAL_FLAG else StoreConfig()
+    if min_tokens is not None:
+        cfg = dataclasses.replace(cfg, run_ahead_min_tokens=min_tokens)
     src = RhymeSource("rhyme", cfg, backend)
     for pid, rs in run_ahead.items():
         items = []
@@ -145,6 +148,7 @@ def _tau(runs: Sequence[dict]) -> float:
 def first_visit_speedup(records: Sequence[TraceRecord], table, cfg: SimConfig = SimConfig(engines=8),
                         *, run_ahead_samples: int = 2, run_ahead_fraction: Optional[float] = None,
                         run_ahead_source: str = "previous_epoch", run_ahead_weight: float = 0.5,
+                        run_ahead_min_tokens: Optional[int] = None,
                         epochs: Optional[Sequence[int]] = None, backend: str = "auto") -> dict:
     """Vanilla, RHYME and RHYME with run-ahead on first-visit steps (every epoch of
     ``records`` in ``epochs``, default all, simulated alone; seconds and tau summed over them).
@@ -170,7 +174,7 @@ def first_visit_speedup(records: Sequence[TraceRecord], table, cfg: SimConfig = 
         rhyme = run_mode("rhyme", step, table, cfg, backend)["per_epoch"][str(e)]
         derived = derive_fraction(vanilla, ahead, step, table, cfg)
         fraction = derived["fraction"] if run_ahead_fraction is None else run_ahead_fraction
-        src = prepared_source(ahead, fraction, run_ahead_weight, backend)
+        src = prepared_source(ahead, fraction, run_ahead_weight, backend, run_ahead_min_tokens)
         held = list(src.store.records())
         flagged = all(getattr(r, "run_ahead", False) for r in held)
         with_ahead = run_mode("rhyme", step, table, cfg, backend, source=src)["per_epoch"][str(e)]
@@ -203,6 +207,7 @@ def first_visit_speedup(records: Sequence[TraceRecord], table, cfg: SimConfig = 
                                 "(epoch 0 uses epoch 1's)" if run_ahead_source == "previous_epoch"
                                 else run_ahead_source,
             "run_ahead_samples": run_ahead_samples, "run_ahead_weight": run_ahead_weight,
+            "run_ahead_min_tokens": src.store.config.run_ahead_min_tokens,
             "run_ahead_records": "ResponseRecord.run_ahead (StoreConfig.run_ahead_weight)"
                                  if all(v["run_ahead_flagged"] for v in per_epoch.values()) else "ordinary records of the closed epoch "
                                  "(weight epoch_decay; the store keeps no run_ahead flag)",
@@ -229,6 +234,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--run-ahead-fraction", type=float, default=None, help="default: derived")
     ap.add_argument("--run-ahead-source", choices=SOURCES, default="previous_epoch")
     ap.add_argument("--run-ahead-weight", type=float, default=0.5)
+    ap.add_argument("--run-ahead-min-tokens", type=int, default=None,
+                    help="default: StoreConfig's (the engine's)")
     ap.add_argument("--epochs", default=None, help="comma-separated; default all")
     ap.add_argument("--backend", choices=("auto", "native", "python"), default="auto")
     ap.add_argument("--json", default=None)
@@ -242,7 +249,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                               run_ahead_samples=args.run_ahead_samples,
                               run_ahead_fraction=args.run_ahead_fraction,
                               run_ahead_source=args.run_ahead_source,
-                              run_ahead_weight=args.run_ahead_weight, epochs=epochs,
+                              run_ahead_weight=args.run_ahead_weight,
+                              run_ahead_min_tokens=args.run_ahead_min_tokens, epochs=epochs,
                               backend=args.backend)
     out["assumptions"].update(trace=args.trace, copies=args.copies)
     fr = out["assumptions"]["fraction_per_epoch"]

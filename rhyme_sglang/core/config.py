@@ -69,8 +69,12 @@ class StoreConfig:
     `memory_budget` (bytes) bounds `DraftStore.history_bytes()`: prompt and global tries plus
     response records; over it, the least recently used prompt loses its oldest epoch, repeatedly.
     `history_epochs` keeps only the newest epochs (1 = latest epoch only; None = all).
+    `dropped_global_tokens` bounds the residue of dropped prompts (`DraftStore.drop_prompts`):
+    their responses' contributions to the global trie, kept until the prompt comes back (0 =
+    a drop removes them too).
     A run-ahead (draft-only) record weighs `run_ahead_weight` (in (0, 1]) times a real response
-    of its epoch with a neutral reward.
+    of its epoch with a neutral reward; one shorter than `run_ahead_min_tokens` is not kept
+    (a short prefix drafts worse than none).
     """
 
     max_depth: int = 24
@@ -98,6 +102,8 @@ class StoreConfig:
     memory_budget: Optional[int] = None
     default_length: float = 512.0
     run_ahead_weight: float = 0.5
+    run_ahead_min_tokens: int = 32
+    dropped_global_tokens: int = 1 << 18
     window: WindowConfig = field(default_factory=WindowConfig)
 
     def __post_init__(self) -> None:
@@ -129,6 +135,8 @@ class StoreConfig:
             _check_int("memory_budget", self.memory_budget, 0)
         _check_float("default_length", self.default_length, 0.0, 1e9)
         check_run_ahead_weight(self.run_ahead_weight)
+        _check_int("run_ahead_min_tokens", self.run_ahead_min_tokens, 1)
+        _check_int("dropped_global_tokens", self.dropped_global_tokens, 0)
         if not isinstance(self.window, WindowConfig):
             raise ValueError(f"window must be a WindowConfig, got {type(self.window).__name__}")
 

@@ -58,6 +58,9 @@ class DraftStore(HistoryUpkeep):
         self._num_tokens = 0
         self._num_records = 0
         self._pending_global: List[ResponseRecord] = []
+        self._residue: "OrderedDict[str, List[ResponseRecord]]" = OrderedDict()
+        self._residue_records = 0
+        self._residue_tokens = 0
         self._trie_bytes = self._global.estimate_memory()
         self.reward_coef = config.reward_weight
         self._reward_fit = RewardFit(self.reward_coef) if config.reward_rule == "online" else None
@@ -111,8 +114,9 @@ class DraftStore(HistoryUpkeep):
                        add_to_history: bool = True) -> Optional[ResponseRecord]:
         """Stop a request; its response joins the prompt's history unless `add_to_history` is
         False (e.g. replay in history mode adds a whole epoch at once). A run-ahead request's
-        response of at least one token joins as a draft-only record (`reward` is ignored), in
-        the run-ahead sample space: its own sample, or the next free one when that is held."""
+        response of at least `StoreConfig.run_ahead_min_tokens` tokens joins as a draft-only
+        record (`reward` is ignored), in the run-ahead sample space: its own sample, or the
+        next free one when that is held."""
         req = self._request(request_id)
         if req.run_ahead:
             reward = None
@@ -127,7 +131,8 @@ class DraftStore(HistoryUpkeep):
         if ph.num_active == 0:
             ph.live, ph.live_prompt = None, None
         response = req.seq[req.prefix_len:]
-        if not add_to_history or self._too_old(req.epoch) or (req.run_ahead and not response):
+        if not add_to_history or self._too_old(req.epoch) or (
+                req.run_ahead and len(response) < self.config.run_ahead_min_tokens):
             self._drop_if_empty(ph)  # a prompt without history or requests is not kept
             return None
         ahead = req.run_ahead
@@ -144,8 +149,9 @@ class DraftStore(HistoryUpkeep):
                      sample: Optional[int] = None, *,
                      run_ahead: bool = False) -> Optional[ResponseRecord]:
         """Add a whole finished response (replay, trace loading). Returns its record, or None
-        when `epoch` is already outside the kept history window. `run_ahead`: a draft-only
-        record (no reward: `reward` must be None), in the run-ahead sample space."""
+        when `epoch` is already outside the kept history window or a run-ahead response is
+        shorter than `StoreConfig.run_ahead_min_tokens`. `run_ahead`: a draft-only record (no
+        reward: `reward` must be None), in the run-ahead sample space."""
         if not isinstance(run_ahead, bool):
             raise ValueError(f"run_ahead must be a bool, got {run_ahead!r}")
         if run_ahead and reward is not None:
@@ -158,7 +164,7 @@ class DraftStore(HistoryUpkeep):
         prompt = check_tokens(prompt_token_ids, "prompt_token_ids")
         response = check_tokens(response_token_ids, "response_token_ids")
         key = prompt_key(prompt, prompt_id)
-        if self._too_old(epoch):
+        if self._too_old(epoch) or (run_ahead and len(response) < self.config.run_ahead_min_tokens):
             return None
         ph = self._touch(key, prompt)
         if sample is None:
@@ -222,6 +228,7 @@ class DraftStore(HistoryUpkeep):
                     if self._too_old(epoch):
                         self._evict_epoch(ph, epoch)
                 self._drop_if_empty(ph)
+            self._age_residue()
         if W.needs_rebase(self.epoch, self.epoch_origin, self.config.epoch_decay):
             self._rebase()
         self._flush()
@@ -326,6 +333,11 @@ class DraftStore(HistoryUpkeep):
         return prompt_id in self._prompts
 
     @property
+    def residue_tokens(self) -> int:
+        """Tokens of dropped prompts' responses still in the global trie (`drop_prompts`)."""
+        return self._residue_tokens
+
+    @property
     def num_run_ahead(self) -> int:
         """Live draft-only (run-ahead) records; O(records)."""
         return sum(1 for r in self.records() if r.run_ahead)
@@ -364,6 +376,14 @@ class DraftStore(HistoryUpkeep):
         ids = {id(x) for x in recs}
         if any(not r.alive for r in recs) or any(r.in_global and not self.config.use_global for r in recs):
             return False
+        residue = list(self.residue_records())
+        if (len(residue) != self._residue_records
+                or sum(len(r.seq) for r in residue) != self._residue_tokens
+                or self._residue_tokens > self.config.dropped_global_tokens
+                or any(k in self._prompts for k in self._residue)
+                or any(not r.alive or r.request_id is not None or r.key not in self._residue
+                       for r in residue)):
+            return False
         return all(id(r) in ids for r in self._finished.values())
 
     # ----------------------------------------------------------------- moving history
@@ -374,8 +394,10 @@ class DraftStore(HistoryUpkeep):
                 if k in self._prompts and self._prompts[k].num_active > 0]
 
     def drop_prompts(self, prompt_ids: Sequence[str]) -> int:
-        """Remove these prompts and their whole history (records, tries' contributions, length
-        statistics); returns how many were dropped. Unknown ids are ignored and prompts with a
+        """Remove these prompts and their history (records, their prompt tries' contributions,
+        reward bookkeeping, length statistics); returns how many were dropped. Their
+        global-trie contributions stay, up to `StoreConfig.dropped_global_tokens`, until the
+        prompt comes back or newer drops push them out (`HistoryUpkeep`). Unknown ids are ignored and prompts with a
         request in flight are kept (`prompts_in_flight` names them). ValueError, and nothing
         dropped, unless `prompt_ids` is a list or tuple of non-empty strings."""
         check_prompt_ids(prompt_ids)
@@ -411,7 +433,8 @@ class DraftStore(HistoryUpkeep):
         """The history as plain data (what a snapshot holds; see `persist`): the config, epoch
         counters, prompts with their tails in LRU order, every record (`seq` an int32 array),
         the open epoch's groups awaiting a reward flush and the length statistics. Applies
-        pending reward re-weighting first; active requests are not part of it."""
+        pending reward re-weighting first; active requests and the dropped prompts' residue
+        in the global trie are not part of it."""
         self._flush()
         return {
             "config": asdict(self.config),
@@ -495,6 +518,7 @@ class DraftStore(HistoryUpkeep):
             ph = PromptHistory(key, tail_of(prompt, self.config), self._new_trie())
             self._prompts[key] = ph
             self._trie_bytes += ph.tree.estimate_memory()
+            self._end_residue(key)
         else:
             self._prompts.move_to_end(key)
         return ph

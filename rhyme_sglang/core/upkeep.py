@@ -25,6 +25,11 @@ class HistoryUpkeep:
     Run-ahead (draft-only) records weigh `run_ahead_weight` times a real response of their
     epoch, keep the neutral factor (no reward), stay out of `_finished` (no reward by request
     id) and out of the length statistics.
+
+    The residue: a dropped prompt's records leave its trie and every per-prompt count but keep
+    their global-trie contributions (alive, in the global trie or waiting for the epoch close),
+    up to `dropped_global_tokens` tokens, the earliest dropped prompt out first, and out when
+    the prompt comes back (a request or an import), so an import counts nothing twice.
     """
 
     def _too_old(self, epoch: int) -> bool:
@@ -72,8 +77,10 @@ class HistoryUpkeep:
             self._change(self._global, self._global.insert, rec.seq, rec.weight)
 
     def history_bytes(self) -> int:
-        """Estimated bytes of the evictable history (prompt and global tries, records); O(1)."""
-        return self._trie_bytes + 4 * self._num_tokens + RECORD_BYTES * self._num_records
+        """Estimated bytes of the evictable history (prompt and global tries, records and the
+        residue's records); O(1)."""
+        return (self._trie_bytes + 4 * (self._num_tokens + self._residue_tokens)
+                + RECORD_BYTES * (self._num_records + self._residue_records))
 
     def _recount_trie_bytes(self) -> None:
         self._trie_bytes = self._global.estimate_memory() + sum(
@@ -157,6 +164,10 @@ class HistoryUpkeep:
         for rec in self.records():
             rec.weight = self._weight(rec, rec.factor)
             self._store(rec)
+        for rec in self.residue_records():
+            rec.weight = self._weight(rec, rec.factor)
+            if rec.in_global:
+                self._change(self._global, self._global.insert, rec.seq, rec.weight)
 
     def _evict_epoch(self, ph: PromptHistory, epoch: int) -> None:
         for rec in ph.records.pop(epoch, []):
@@ -172,11 +183,13 @@ class HistoryUpkeep:
     def _import_responses(self, key: str, tail, responses, replace: bool) -> int:
         """Add checked responses (`transfer.ImportedResponse`) to prompt `key`; a held
         (epoch, sample) is skipped, or replaced when `replace`; epochs outside the kept history
-        window are skipped. Returns how many were added."""
+        window and run-ahead responses shorter than `run_ahead_min_tokens` are skipped.
+        Returns how many were added."""
         ph = self._touch(key, tail)
         added = 0
         for r in responses:
-            if self._too_old(r.epoch):
+            if self._too_old(r.epoch) or (
+                    r.run_ahead and len(r.response) < self.config.run_ahead_min_tokens):
                 continue
             held = ph.find(r.epoch, r.sample, r.run_ahead)
             if held is not None:
@@ -213,21 +226,87 @@ class HistoryUpkeep:
             self.lengths.forget(ph.key)
 
     def _drop_prompt(self, ph: PromptHistory) -> None:
-        """Remove a prompt without requests in flight and all its history: its records (from
-        its trie and the global one), their pending global insertions, reward bookkeeping and
-        length statistics."""
-        pending = {id(r) for group in ph.records.values() for r in group if not r.in_global}
-        if pending:
-            self._pending_global = [r for r in self._pending_global if id(r) not in pending]
+        """Remove a prompt without requests in flight: its records leave its trie, the reward
+        bookkeeping and the length statistics. Their global-trie contributions stay as the
+        residue (class docstring), or go too when `dropped_global_tokens` is 0 or there is no
+        global trie."""
+        if not (self.config.use_global and self.config.dropped_global_tokens > 0):
+            pending = {id(r) for group in ph.records.values() for r in group if not r.in_global}
+            if pending:
+                self._pending_global = [r for r in self._pending_global if id(r) not in pending]
+            for epoch in list(ph.records):
+                self._evict_epoch(ph, epoch)
+            self._drop_if_empty(ph)
+            return
+        kept = []
         for epoch in list(ph.records):
-            self._evict_epoch(ph, epoch)
+            for rec in ph.records.pop(epoch):
+                self._change(ph.tree, ph.tree.remove, rec.seq, rec.weight)
+                self._num_records -= 1
+                self._num_tokens -= len(rec.seq)
+                if rec.request_id is not None and self._finished.get(rec.request_id) is rec:
+                    del self._finished[rec.request_id]
+                rec.request_id = None
+                kept.append(rec)
+            self._dirty_open.discard((ph.key, epoch))
+            self._dirty_closed.discard((ph.key, epoch))
         self._drop_if_empty(ph)
+        if kept:
+            self._residue[ph.key] = kept
+            self._residue_records += len(kept)
+            self._residue_tokens += sum(len(r.seq) for r in kept)
+        while self._residue_tokens > self.config.dropped_global_tokens:
+            self._evict_residue()
+
+    def residue_records(self):
+        """The residue's records (class docstring), earliest dropped prompt first."""
+        for group in self._residue.values():
+            yield from group
+
+    def _evict_residue(self) -> None:
+        """Remove the earliest dropped prompt's residue from the global trie (or its queue)."""
+        _, group = self._residue.popitem(last=False)
+        self._forget_residue(group)
+
+    def _age_residue(self) -> None:
+        """Residue records outside the kept history window (`history_epochs`) go."""
+        for key in list(self._residue):
+            group = self._residue[key]
+            old = [r for r in group if self._too_old(r.epoch)]
+            if old:
+                self._forget_residue(old)
+                keep = [r for r in group if not self._too_old(r.epoch)]
+                if keep:
+                    self._residue[key] = keep
+                else:
+                    del self._residue[key]
+
+    def _forget_residue(self, group) -> None:
+        for rec in group:
+            if rec.in_global:
+                self._change(self._global, self._global.remove, rec.seq, rec.weight)
+                rec.in_global = False
+            rec.alive = False
+        gone = {id(r) for r in group}
+        self._pending_global = [r for r in self._pending_global if id(r) not in gone]
+        self._residue_records -= len(group)
+        self._residue_tokens -= sum(len(r.seq) for r in group)
+
+    def _end_residue(self, key: str) -> None:
+        """Prompt `key` is back (a request or an import): its residue leaves the global trie,
+        so an import of its history counts nothing twice."""
+        group = self._residue.pop(key, None)
+        if group:
+            self._forget_residue(group)
 
     def _enforce_budget(self) -> None:
         budget = self.config.memory_budget
         if budget is None:
             return
         while self.history_bytes() > budget:
+            if self._residue:
+                self._evict_residue()
+                continue
             victim = next((ph for ph in self._prompts.values() if ph.records), None)
             if victim is None:
                 logger.warning("draft store over its memory budget with nothing left to evict")

@@ -43,6 +43,7 @@ class ControlCommands:
             cost_model=cost_model, breakdown=timeline.breakdown(),
             epoch=self.store.epoch, num_prompts=self.store.num_prompts,
             num_responses=self.store.num_responses, run_ahead_records=self.store.num_run_ahead,
+            dropped_global_tokens=self.store.residue_tokens,
             active_requests=len(self.requests),
             memory_bytes=self.store.estimate_memory(), backend=self.store.backend,
             speculation_health=self.health.report(self.cost.calibration_at_bound()),

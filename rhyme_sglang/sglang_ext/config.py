@@ -44,6 +44,13 @@ class RhymeConfig:
     run_ahead_weight: float = _opt(
         0.5, "a run-ahead request's tokens (custom_params rhyme_run_ahead) join its prompt's "
         "history as a draft-only record weighing R times a real response of its epoch", "R")
+    run_ahead_min_tokens: int = _opt(
+        32, "a run-ahead response shorter than N tokens (aborted early) is not kept: a short "
+        "prefix drafts worse than none", "N")
+    dropped_global_tokens: int = _opt(
+        1 << 18, "tokens of dropped prompts' responses (/rhyme/drop_history) that stay in the "
+        "cross-prompt trie until the prompt is loaded again; the earliest dropped go first; "
+        "0: a drop removes them too", "N")
     reward_weight: float = _opt(
         0.5, "a history response weighs exp(W * its clipped group advantage)", "W")
     reward_rule: str = _opt(
@@ -110,6 +117,10 @@ class RhymeConfig:
         from rhyme_sglang.core.config import check_run_ahead_weight
 
         check_run_ahead_weight(self.run_ahead_weight, "rhyme run_ahead_weight")
+        if self.run_ahead_min_tokens < 1:
+            raise ValueError(f"rhyme run_ahead_min_tokens must be >= 1, got {self.run_ahead_min_tokens!r}")
+        if self.dropped_global_tokens < 0:
+            raise ValueError(f"rhyme dropped_global_tokens must be >= 0, got {self.dropped_global_tokens!r}")
         if self.max_branch < 1:
             raise ValueError(f"rhyme max_branch must be >= 1, got {self.max_branch!r}")
         if self.memory_mb is not None and self.memory_mb <= 0:
@@ -129,7 +140,8 @@ class RhymeConfig:
 
         return StoreConfig(
             max_branch=self.max_branch, min_prob=self.min_draft_prob, epoch_decay=self.epoch_decay,
-            run_ahead_weight=self.run_ahead_weight,
+            run_ahead_weight=self.run_ahead_weight, run_ahead_min_tokens=self.run_ahead_min_tokens,
+            dropped_global_tokens=self.dropped_global_tokens,
             reward_weight=self.reward_weight, reward_rule=self.reward_rule,
             memory_budget=None if self.memory_mb is None else self.memory_mb * 2**20,
         )

@@ -9,7 +9,7 @@ import pytest
 from benchmarks import cost_tables as ct
 from benchmarks import first_visit_sim as fv
 from benchmarks.rollout_sim import SimConfig
-from rhyme_sglang.core import TraceRecord
+from rhyme_sglang.core import StoreConfig, TraceRecord
 
 DEV = os.path.join(os.path.dirname(fv.__file__), "data", "traces_smollm2_arith_dev.jsonl.gz")
 
@@ -57,12 +57,19 @@ def test_an_empty_run_ahead_fraction_gives_the_siblings_only_result():
     assert out["tau"]["rhyme_run_ahead"] == out["tau"]["rhyme"]
 
 
-def test_a_truncated_run_ahead_keeps_the_floor_of_the_fraction():
+@pytest.mark.parametrize("min_tokens", [1, None, 10**6])
+def test_a_truncated_run_ahead_keeps_the_floor_of_the_fraction(min_tokens):
+    """... and, as the engine does, only records of at least the minimum length."""
     recs = _trace()
     out = fv.first_visit_speedup(recs, _flat_table(), CFG, run_ahead_samples=1,
-                                 run_ahead_fraction=0.25, epochs=[1])
-    want = sum(int(0.25 * len(r.response_token_ids)) for r in recs if r.epoch == 0 and r.sample == 0)
-    assert out["per_epoch"]["1"]["run_ahead_record_tokens"] == want
+                                 run_ahead_fraction=0.25, run_ahead_min_tokens=min_tokens,
+                                 epochs=[1])
+    least = StoreConfig().run_ahead_min_tokens if min_tokens is None else min_tokens
+    kept = [n for r in recs if r.epoch == 0 and r.sample == 0
+            if (n := int(0.25 * len(r.response_token_ids))) >= least]
+    assert out["per_epoch"]["1"]["run_ahead_record_tokens"] == sum(kept)
+    assert out["per_epoch"]["1"]["run_ahead_records"] == len(kept)
+    assert out["assumptions"]["run_ahead_min_tokens"] == least
 
 
 def test_source_epochs_follow_the_rules():

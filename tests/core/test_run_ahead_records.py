@@ -4,6 +4,7 @@ a real response's (epoch, sample), is no evidence for length prediction, keeps i
 export / import / snapshots; `drop_prompts` removes whole prompts with exact memory accounting
 and keeps prompts with a request in flight."""
 
+import dataclasses
 import json
 import math
 
@@ -13,7 +14,8 @@ from helpers import BACKENDS
 from rhyme_sglang.core import DraftStore, StoreConfig
 from rhyme_sglang.core import weights as W
 
-CFG = StoreConfig(max_depth=8, max_pattern=4, epoch_decay=0.7, run_ahead_weight=0.25)
+CFG = StoreConfig(max_depth=8, max_pattern=4, epoch_decay=0.7, run_ahead_weight=0.25,
+                  run_ahead_min_tokens=1)
 PROMPT = [7, 8, 1]
 
 
@@ -79,7 +81,7 @@ def test_rewards_in_its_group_leave_a_run_ahead_record_neutral(backend):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_ratio_survives_a_rebase(backend):
     s = DraftStore(StoreConfig(max_depth=8, max_pattern=4, epoch_decay=0.01,
-                               run_ahead_weight=0.5), backend=backend)
+                               run_ahead_weight=0.5, run_ahead_min_tokens=1), backend=backend)
     for _ in range(5):
         real = _real(s, f"r{s.epoch}", "p", [1, 2, 3])
         ahead = _run_ahead(s, f"a{s.epoch}", "p", [1, 2, 4])
@@ -148,6 +150,25 @@ def test_an_empty_run_ahead_response_adds_nothing(backend):
     assert s.num_responses == 0 and s.num_prompts == 0 and s.check_integrity()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_run_ahead_response_below_the_minimum_is_not_kept(backend):
+    cfg = dataclasses.replace(CFG, run_ahead_min_tokens=4)
+    assert StoreConfig().run_ahead_min_tokens == 32
+    s = DraftStore(cfg, backend=backend)
+    assert _run_ahead(s, "a0", "p", [1, 2, 3]) is None  # 3 < 4 tokens: an aborted prefix
+    assert s.num_responses == 0 and s.num_prompts == 0
+    assert s.add_response("p", PROMPT, [1, 2, 3], 0, run_ahead=True) is None
+    base = {"format": 1, "prompt_id": "p", "prompt_tail": [7], "epoch": 0}
+    short = {"epoch": 0, "sample": 0, "response": [1, 2], "reward": None, "run_ahead": True}
+    assert s.import_prompt(dict(base, records=[short])) == 0
+    assert s.num_responses == 0 and s.check_integrity()
+    assert _run_ahead(s, "a1", "p", [1, 2, 3, 4]).run_ahead  # 4 tokens: kept
+    assert s.add_response("p", PROMPT, [3, 2, 1], 0, sample=5) is not None  # real: any length
+    assert s.num_responses == 2 and s.num_run_ahead == 1 and s.check_integrity()
+    with pytest.raises(ValueError, match="run_ahead_min_tokens"):
+        StoreConfig(run_ahead_min_tokens=0)
+
+
 def _mixed_store(backend):
     s = DraftStore(CFG, backend=backend)
     _real(s, "r0", "p", [1, 2, 3, 4], sample=0, reward=1.0)
@@ -206,8 +227,8 @@ def test_snapshots_keep_the_mark(backend, tmp_path):
     assert _drafts(loaded, "p", contexts) == _drafts(src, "p", contexts)
 
 
-def _three_prompts(backend):
-    s = DraftStore(CFG, backend=backend)
+def _three_prompts(backend, cfg=None):
+    s = DraftStore(cfg or dataclasses.replace(CFG, dropped_global_tokens=0), backend=backend)
     for key, first in (("a", 1), ("b", 2), ("c", 3)):
         for i in range(3):
             _real(s, f"{key}{i}", key, [first, i, 4, 5, first], prompt=[9, first])
@@ -219,6 +240,7 @@ def _three_prompts(backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_drop_prompts_removes_their_whole_history(backend):
+    """Without a residue (`dropped_global_tokens=0`); tests/core/test_drop_residue.py has it."""
     s = _three_prompts(backend)
     before = s.history_bytes()
     assert s.drop_prompts(["b", "zzz", "b"]) == 1  # unknown ids ignored, repeats once
@@ -229,7 +251,7 @@ def test_drop_prompts_removes_their_whole_history(backend):
     s.advance_epoch()  # the dropped open-epoch record never reaches the global trie
     assert s.check_integrity()
     # the others draft as in a store that never held "b" (its global contributions are gone)
-    ref = DraftStore(CFG, backend=backend)
+    ref = DraftStore(s.config, backend=backend)
     for key, first in (("a", 1), ("c", 3)):
         for i in range(3):
             _real(ref, f"{key}{i}", key, [first, i, 4, 5, first], prompt=[9, first])

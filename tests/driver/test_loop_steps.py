@@ -23,7 +23,10 @@ def settings(out, epochs):
             "task.num_prompts": P, "rollout.group_size": G, "rollout.prompts_per_step": B,
             "rollout.history": "per_step", "rollout.history_shards": 4,
             "rollout.run_ahead": True, "rollout.run_ahead_samples": 2,
-            "rollout.poll_interval_s": 0.05, "rollout.max_new_tokens": 32}
+            "rollout.poll_interval_s": 0.05, "rollout.max_new_tokens": 32,
+            # the tiny model's 32-token answers leave aborted run-ahead drafts shorter than the
+            # engines' default minimum record (32 tokens)
+            "engine.extra": {"rhyme_run_ahead_min_tokens": 4}}
 
 
 def hold_engine1(threads):

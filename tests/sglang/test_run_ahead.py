@@ -49,9 +49,10 @@ def _assert_same(got, ref, label: str) -> None:
             f"{label}: logprobs differ"
 
 
-def _run_ahead_then_abort(engine, temperature: float, min_tokens: int = 4):
+def _run_ahead_then_abort(engine, temperature: float, min_tokens: int = 40):
     """Run-ahead requests for every (prompt, sample), aborted once each streamed `min_tokens`
-    tokens (long before their `max_new_tokens`); while they run, dropping their prompts'
+    tokens (long before their `max_new_tokens`, past the engine's run_ahead_min_tokens of 32
+    below which a record is not kept); while they run, dropping their prompts'
     history keeps it (busy). -> (final outputs, the drop's answer while they ran)."""
     ids, params = _requests(temperature, max_new_tokens=400, run_ahead=True)
     rids = [f"ra-{temperature}-{k}" for k in range(len(ids))]
