@@ -309,6 +309,7 @@ def run_mode(name, engine_factory, by_id, plan, checkpoints, answers, tok, args)
                 row["store_bytes"] = int(stats.get("memory_bytes") or 0)
                 row["store_prompts"] = int(stats.get("num_prompts") or 0)
                 row["run_ahead_records"] = int(stats.get("run_ahead_records") or 0)
+                row["residue_tokens"] = int(stats.get("dropped_global_tokens") or 0)
             if store is not None:  # the step's prompts back out, and gone from the engine
                 t0 = time.perf_counter()
                 states = engine.rhyme_export_histories(step["prompts"])
@@ -345,6 +346,10 @@ def summarize(plan, per_mode: Dict[str, List[dict]], train_s: Sequence[float],
             "per_step_load": max((r.get("store_bytes", 0) for r in get("rhyme_per_step", [])),
                                  default=None)},
     }
+    # dropped prompts' tokens left in the engines' cross-prompt trie (bounded by the flag)
+    block["residue_tokens_max"] = max(
+        (r.get("residue_tokens", 0) for m in ("rhyme_per_step", "rhyme_run_ahead")
+         for r in get(m, [])), default=None)
     # what a driver could not hide: export + import of a step beyond its train + weight load
     per_step = get("rhyme_per_step") or get("rhyme_run_ahead") or []
     critical, step_s = [], []
