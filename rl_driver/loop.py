@@ -161,6 +161,8 @@ def run(config: RunConfig, resume: bool = False,
                                              config.rollout.run_ahead))
                 metrics["history_num_prompts"] = [st.get("num_prompts") for st in rhyme_stats]
                 metrics["run_ahead_records"] = [st.get("run_ahead_records") for st in rhyme_stats]
+                metrics["history_residue_tokens"] = [st.get("dropped_global_tokens")
+                                                     for st in rhyme_stats]
             # record: trace, metrics line, state
             record_epoch(config, trace, state, rollout, rewards, metrics, trace_epoch=s)
             if sampler.shuffle and (nxt is None or nxt.epoch != step.epoch):

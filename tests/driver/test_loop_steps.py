@@ -142,6 +142,15 @@ def test_run_ahead_ran_and_reached_the_engines(steps_run):
     assert lines[1]["run_ahead_requests"] == lines[3]["run_ahead_requests"] == 0  # no next step
 
 
+def test_dropped_prompts_leave_their_residue_in_the_engines(steps_run):
+    """After each step the driver drops the prompts the next step does not sample; their
+    responses stay in the engines' cross-prompt trie (the residue), within its bound."""
+    *_, lines = steps_run
+    assert all(len(m["history_residue_tokens"]) == len(m["history_num_prompts"]) for m in lines)
+    assert any(sum(m["history_residue_tokens"]) > 0 for m in lines[:-1])
+    assert all(0 <= t <= 1 << 18 for m in lines for t in m["history_residue_tokens"])
+
+
 def test_run_ahead_is_aborted_at_the_last_real_finish(ray_cluster):
     """The dispatcher over test_dispatch's fake engines: engine1 runs out of jobs while
     engine0 still decodes a long one, so engine1 drafts the next step's prompt (its own
