@@ -20,8 +20,8 @@ statistics: every prediction is the epoch's mean length), in three runs:
   ``"next_epoch"`` always from ``e + 1``; ``"same_epoch"`` from epoch ``e`` itself (the
   responses the step is about to generate: a ceiling, not a policy).
 
-Each run-ahead response keeps ``floor(fraction * length)`` tokens; as in the engine, one
-shorter than ``run_ahead_min_tokens`` (``StoreConfig``'s default) is not kept.
+Each run-ahead response keeps ``floor(fraction * length)`` tokens; as in the engine, a cut
+one (aborted) shorter than ``run_ahead_min_tokens`` (``StoreConfig``'s default) is not kept.
 ``run_ahead_fraction=None`` derives the fraction from the vanilla run of the same epoch (the
 step before has the same shape): idle engine-seconds ``I = sum_e (makespan - busy_e -
 prefill_e)``; the run-ahead batch per engine ``b = min(max_running, ceil(R / engines))`` for
@@ -125,7 +125,8 @@ def prepared_source(run_ahead: Dict[str, List[TraceRecord]], fraction: float, we
         items = []
         for k, r in enumerate(rs):
             n = math.floor(fraction * len(r.response_token_ids))
-            if n > 0:
+            cut = n < len(r.response_token_ids)  # aborted: kept from run_ahead_min_tokens on
+            if n >= (cfg.run_ahead_min_tokens if cut else 1):
                 item = {"epoch": 0, "sample": k, "response": r.response_token_ids[:n],
                         "reward": None}
                 if REAL_FLAG:

@@ -73,8 +73,8 @@ class StoreConfig:
     their responses' contributions to the global trie, kept until the prompt comes back (0 =
     a drop removes them too).
     A run-ahead (draft-only) record weighs `run_ahead_weight` (in (0, 1]) times a real response
-    of its epoch with a neutral reward; one shorter than `run_ahead_min_tokens` is not kept
-    (a short prefix drafts worse than none).
+    of its epoch with a neutral reward; an aborted one shorter than `run_ahead_min_tokens` is
+    not kept (a short prefix drafts worse than none).
     """
 
     max_depth: int = 24

@@ -111,12 +111,14 @@ class RequestTable:
         tracked = self._tracked.get(rid)
         return 1.0 if tracked is None else tracked.evidence.factor()
 
-    def finish(self, rid: str, out_ids: Sequence[int], add_to_history: bool) -> None:
+    def finish(self, rid: str, out_ids: Sequence[int], add_to_history: bool,
+               truncated: bool = False) -> None:
         """Sync ``rid``'s final ``out_ids``, finish it in the store (its response joins the
-        history unless ``add_to_history`` is False) and stop tracking it. ``rid`` must have
-        been started (a request that finishes at prefill is started then finished)."""
+        history unless ``add_to_history`` is False; ``truncated``: it was aborted) and stop
+        tracking it. ``rid`` must have been started (a request that finishes at prefill is
+        started then finished)."""
         self.sync(rid, out_ids)
-        self.store.finish_request(rid, add_to_history=add_to_history)
+        self.store.finish_request(rid, add_to_history=add_to_history, truncated=truncated)
         del self._tracked[rid]
 
     def check_integrity(self) -> None:

@@ -111,12 +111,13 @@ class DraftStore(HistoryUpkeep):
             ph.live.extend(req.seq, old, W.WEIGHT_SCALE, req.stream)
 
     def finish_request(self, request_id: str, reward: Optional[float] = None, *,
-                       add_to_history: bool = True) -> Optional[ResponseRecord]:
+                       add_to_history: bool = True,
+                       truncated: bool = False) -> Optional[ResponseRecord]:
         """Stop a request; its response joins the prompt's history unless `add_to_history` is
         False (e.g. replay in history mode adds a whole epoch at once). A run-ahead request's
-        response of at least `StoreConfig.run_ahead_min_tokens` tokens joins as a draft-only
-        record (`reward` is ignored), in the run-ahead sample space: its own sample, or the
-        next free one when that is held."""
+        response joins as a draft-only record (`reward` is ignored), in the run-ahead sample
+        space: its own sample, or the next free one when that is held; unless it is empty, or
+        `truncated` (aborted) with fewer than `StoreConfig.run_ahead_min_tokens` tokens."""
         req = self._request(request_id)
         if req.run_ahead:
             reward = None
@@ -131,8 +132,8 @@ class DraftStore(HistoryUpkeep):
         if ph.num_active == 0:
             ph.live, ph.live_prompt = None, None
         response = req.seq[req.prefix_len:]
-        if not add_to_history or self._too_old(req.epoch) or (
-                req.run_ahead and len(response) < self.config.run_ahead_min_tokens):
+        short = len(response) < (self.config.run_ahead_min_tokens if truncated else 1)
+        if not add_to_history or self._too_old(req.epoch) or (req.run_ahead and short):
             self._drop_if_empty(ph)  # a prompt without history or requests is not kept
             return None
         ahead = req.run_ahead
@@ -149,9 +150,8 @@ class DraftStore(HistoryUpkeep):
                      sample: Optional[int] = None, *,
                      run_ahead: bool = False) -> Optional[ResponseRecord]:
         """Add a whole finished response (replay, trace loading). Returns its record, or None
-        when `epoch` is already outside the kept history window or a run-ahead response is
-        shorter than `StoreConfig.run_ahead_min_tokens`. `run_ahead`: a draft-only record (no
-        reward: `reward` must be None), in the run-ahead sample space."""
+        when `epoch` is already outside the kept history window. `run_ahead`: a draft-only
+        record (no reward: `reward` must be None), in the run-ahead sample space."""
         if not isinstance(run_ahead, bool):
             raise ValueError(f"run_ahead must be a bool, got {run_ahead!r}")
         if run_ahead and reward is not None:
@@ -164,7 +164,7 @@ class DraftStore(HistoryUpkeep):
         prompt = check_tokens(prompt_token_ids, "prompt_token_ids")
         response = check_tokens(response_token_ids, "response_token_ids")
         key = prompt_key(prompt, prompt_id)
-        if self._too_old(epoch) or (run_ahead and len(response) < self.config.run_ahead_min_tokens):
+        if self._too_old(epoch):
             return None
         ph = self._touch(key, prompt)
         if sample is None:

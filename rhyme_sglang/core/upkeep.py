@@ -183,13 +183,11 @@ class HistoryUpkeep:
     def _import_responses(self, key: str, tail, responses, replace: bool) -> int:
         """Add checked responses (`transfer.ImportedResponse`) to prompt `key`; a held
         (epoch, sample) is skipped, or replaced when `replace`; epochs outside the kept history
-        window and run-ahead responses shorter than `run_ahead_min_tokens` are skipped.
-        Returns how many were added."""
+        window are skipped. Returns how many were added."""
         ph = self._touch(key, tail)
         added = 0
         for r in responses:
-            if self._too_old(r.epoch) or (
-                    r.run_ahead and len(r.response) < self.config.run_ahead_min_tokens):
+            if self._too_old(r.epoch):
                 continue
             held = ph.find(r.epoch, r.sample, r.run_ahead)
             if held is not None:

@@ -45,8 +45,8 @@ class RhymeConfig:
         0.5, "a run-ahead request's tokens (custom_params rhyme_run_ahead) join its prompt's "
         "history as a draft-only record weighing R times a real response of its epoch", "R")
     run_ahead_min_tokens: int = _opt(
-        32, "a run-ahead response shorter than N tokens (aborted early) is not kept: a short "
-        "prefix drafts worse than none", "N")
+        32, "an aborted run-ahead response shorter than N tokens is not kept: a short prefix "
+        "drafts worse than none (a finished one is kept at any length)", "N")
     dropped_global_tokens: int = _opt(
         1 << 18, "tokens of dropped prompts' responses (/rhyme/drop_history) that stay in the "
         "cross-prompt trie until the prompt is loaded again; the earliest dropped go first; "

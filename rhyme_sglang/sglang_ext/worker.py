@@ -100,7 +100,8 @@ def finish_finished(requests: RequestTable, reqs) -> None:
     streams their output and after it processed their batch). A verify step may accept
     tokens past a stop or max_new_tokens: sglang keeps them in ``output_ids`` and returns only
     those through the stop; so does the history. An aborted request's response does not join,
-    except a run-ahead request's: finished or aborted, its tokens join as a draft-only record."""
+    except a run-ahead request's: finished or aborted, its tokens join as a draft-only record
+    (an aborted one only from ``run_ahead_min_tokens`` tokens on)."""
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
 
     for req in reqs:
@@ -109,7 +110,7 @@ def finish_finished(requests: RequestTable, reqs) -> None:
             track(requests, req)
             aborted = isinstance(req.finished_reason, FINISH_ABORT)
             requests.finish(req.rid, req.output_ids_through_stop,
-                            add_to_history=not aborted or is_run_ahead(req))
+                            add_to_history=not aborted or is_run_ahead(req), truncated=aborted)
 
 
 @dataclass

@@ -67,9 +67,18 @@ def test_a_truncated_run_ahead_keeps_the_floor_of_the_fraction(min_tokens):
     least = StoreConfig().run_ahead_min_tokens if min_tokens is None else min_tokens
     kept = [n for r in recs if r.epoch == 0 and r.sample == 0
             if (n := int(0.25 * len(r.response_token_ids))) >= least]
+    assert len(kept) == (2 if least <= 15 else 0)  # 15 and 20 tokens: both or neither
     assert out["per_epoch"]["1"]["run_ahead_record_tokens"] == sum(kept)
     assert out["per_epoch"]["1"]["run_ahead_records"] == len(kept)
     assert out["assumptions"]["run_ahead_min_tokens"] == least
+
+
+def test_whole_run_ahead_responses_are_kept_at_any_length():
+    recs = _trace(length=12)  # 12- and 32-token responses, kept whole (fraction 1)
+    out = fv.first_visit_speedup(recs, _flat_table(), CFG, run_ahead_samples=1,
+                                 run_ahead_fraction=1.0, run_ahead_min_tokens=40, epochs=[1])
+    assert out["per_epoch"]["1"]["run_ahead_records"] == 2
+    assert out["per_epoch"]["1"]["run_ahead_record_tokens"] == 12 + 32
 
 
 def test_source_epochs_follow_the_rules():

@@ -151,20 +151,24 @@ def test_an_empty_run_ahead_response_adds_nothing(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_a_run_ahead_response_below_the_minimum_is_not_kept(backend):
+def test_an_aborted_run_ahead_response_below_the_minimum_is_not_kept(backend):
     cfg = dataclasses.replace(CFG, run_ahead_min_tokens=4)
     assert StoreConfig().run_ahead_min_tokens == 32
     s = DraftStore(cfg, backend=backend)
-    assert _run_ahead(s, "a0", "p", [1, 2, 3]) is None  # 3 < 4 tokens: an aborted prefix
-    assert s.num_responses == 0 and s.num_prompts == 0
-    assert s.add_response("p", PROMPT, [1, 2, 3], 0, run_ahead=True) is None
-    base = {"format": 1, "prompt_id": "p", "prompt_tail": [7], "epoch": 0}
-    short = {"epoch": 0, "sample": 0, "response": [1, 2], "reward": None, "run_ahead": True}
-    assert s.import_prompt(dict(base, records=[short])) == 0
-    assert s.num_responses == 0 and s.check_integrity()
-    assert _run_ahead(s, "a1", "p", [1, 2, 3, 4]).run_ahead  # 4 tokens: kept
-    assert s.add_response("p", PROMPT, [3, 2, 1], 0, sample=5) is not None  # real: any length
-    assert s.num_responses == 2 and s.num_run_ahead == 1 and s.check_integrity()
+    s.start_request("a0", PROMPT, "p", run_ahead=True)
+    s.add_tokens("a0", [1, 2, 3])
+    assert s.finish_request("a0", truncated=True) is None  # 3 < 4 tokens of an aborted one
+    assert s.num_responses == 0 and s.num_prompts == 0 and s.check_integrity()
+    s.start_request("a1", PROMPT, "p", run_ahead=True)
+    s.add_tokens("a1", [1, 2, 3, 4])
+    assert s.finish_request("a1", truncated=True).run_ahead  # 4 tokens: kept
+    assert _run_ahead(s, "a2", "p", [5, 6]).run_ahead  # finished whole: kept at any length
+    # explicit additions and imports carry whole records: any length
+    assert s.add_response("p", PROMPT, [1, 2], 0, run_ahead=True) is not None
+    assert s.num_run_ahead == 3 and s.check_integrity()
+    s.start_request("r0", PROMPT, "p")  # truncated changes nothing for a real response
+    s.add_tokens("r0", [1])
+    assert s.finish_request("r0", truncated=True).run_ahead is False
     with pytest.raises(ValueError, match="run_ahead_min_tokens"):
         StoreConfig(run_ahead_min_tokens=0)
 
