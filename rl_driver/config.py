@@ -111,7 +111,7 @@ class RolloutConfig:
     # served) | per_step (the driver's store, run_dir/history; engines hold the current and
     # the next step's prompts)
     history: str = "in_engine"
-    history_shards: int = 16  # per_step: shard files of the driver's history store
+    history_shards: int = 16  # per_step: folders of the driver's history store (a file a prompt)
     # idle engines draft the next step's prompts while others finish (outputs discarded)
     run_ahead: bool = False
     run_ahead_samples: int = 2  # run-ahead requests per next-step prompt
