@@ -25,7 +25,8 @@ prompts of a per-epoch shuffle; 0 = every prompt, one step per epoch):
 
 ``run(config, resume=True)`` continues from the next step of ``runs/<name>``.
 Each phase is one call: :mod:`rl_driver.phases` holds them, :mod:`rl_driver.stack` the actors
-(start, resume, restart, shutdown), :mod:`rl_driver.metrics` the step's metrics and files.
+(start, resume, restart, shutdown), :mod:`rl_driver.step_history` a step's history loading and
+run-ahead, :mod:`rl_driver.metrics` the step's metrics and files.
 """
 
 from __future__ import annotations
@@ -36,10 +37,10 @@ from typing import Any, Callable, Dict, List, Optional
 
 from rl_driver import phases
 from rl_driver.config import RunConfig
-from rl_driver.dispatch import RunAhead
 from rl_driver.history_store import HistoryStore
 from rl_driver.metrics import (TraceLog, append_metrics, epoch_aggregate, epoch_metrics,
                                open_run_dir, read_metrics)
+from rl_driver.step_history import StepHistory
 from rl_driver.steps import Step, StepSampler
 from rl_driver.progress import ProgressSink
 from rl_driver.stack import start_stack, wait
@@ -91,55 +92,36 @@ def run(config: RunConfig, resume: bool = False,
     trace = TraceLog(config.run_dir / "trace.jsonl.gz", keep=resume, before_epoch=state.next_step)
     stack = start_stack(config, model_path, state, resume)
     pool, results = stack.pool, []
+    history = StepHistory(config, pool, task, store)  # per-step loading and run-ahead
     total = config.loop.epochs * sampler.steps_per_epoch
-    next_plan = None  # per_step / run-ahead: the next step's plan, made during this step
     first = state.next_step
     try:
         for s in range(state.next_step, total):
             step = sampler.step(s)
             nxt = sampler.step(s + 1) if s + 1 < total else None
-            prompts = [task.by_id[p] for p in step.prompt_ids]
-            # plan: whole prompt groups to engines by predicted load (per_step: made during
-            # the last step, where its imports went)
-            plan = next_plan if next_plan is not None else phases.plan_epoch(
-                config, pool, prompts, state.affinity, store)
-            imported = []  # the history imports this step waited for
-            if store is not None and s == first:  # the process's first step: up front
-                imported.append(phases.start_transfers(pool, store, plan.assignment, []).wait())
-            next_plan = None
-            if nxt is not None and (store is not None or config.rollout.run_ahead):
-                next_plan = phases.plan_epoch(config, pool, [task.by_id[p] for p in nxt.prompt_ids],
-                                              state.affinity, store)
+            # plan: whole prompt groups to engines by predicted load
+            plan = history.plan(step, nxt, state.affinity, first=s == first)
             # generate G samples per prompt (a dead engine is restarted, its requests re-issued);
             # idle engines draft the next step's prompts meanwhile (run-ahead)
             rollout = phases.generate(
                 config, pool, task, plan, tag=step_tag(config, sampler, step),
                 restart=lambda i: stack.restart(i, state.weight_version),
                 after_submit=(lambda: on_rollout_start(step.epoch, pool)) if on_rollout_start else None,
-                progress=progress, seed_epoch=s,
-                run_ahead=run_ahead_for(config, task, step, nxt, next_plan))
+                progress=progress, seed_epoch=s, run_ahead=history.run_ahead())
             # reward, then rewards and full responses to the engines' history
             rewards = phases.score(task, rollout.jobs)
             fed = phases.feed_history(pool, rollout, rewards)
             # train; per_step: the step's histories to the store, the next step's to its
             # engines, while the trainer works
             train_ref = phases.start_train(config, stack.trainer, rollout.jobs, rewards)
-            exported = transfers = None
-            if store is not None:
-                exported = export_step(pool, store, plan, rollout, step)
-                transfers = phases.start_transfers(
-                    pool, store, next_plan.assignment if next_plan else [],
-                    [p for p in step.prompt_ids if nxt is None or p not in nxt.prompt_ids])
+            history.start_transfers(rollout)
             train = phases.train(config, stack.trainer, rollout.jobs, rewards, progress, ref=train_ref)
-            if exported is not None:  # the export's part past the training
-                exported["critical_s"] = max(
-                    0.0, exported["seconds"] - float(train["train_time_s"]))
+            history.trained(train)
             # sync weights; the trainer writes its checkpoint meanwhile (both only read weights)
             state.weight_version = int(train["version"])
             checkpoint = stack.start_checkpoint(config.loop.checkpoint)
             sync_s = phases.sync_weights(stack.sync, state.weight_version, progress)
-            if transfers is not None:  # the next step's imports and this step's drops
-                imported.append(transfers.wait())
+            history.wait()  # the next step's imports and this step's drops
             # snapshot histories (a restarted engine gets the next step's imports back); the
             # checkpoint lands before the state that points past it
             pool.snapshot_all()
@@ -156,13 +138,7 @@ def run(config: RunConfig, resume: bool = False,
                 engine_nodes=stack.engine_nodes())
             if sampler.shuffle:
                 metrics.update(step_keys(config, sampler, step))
-            if store is not None or config.rollout.run_ahead:
-                metrics.update(transfer_keys(imported, exported, rollout.run_ahead,
-                                             config.rollout.run_ahead))
-                metrics["history_num_prompts"] = [st.get("num_prompts") for st in rhyme_stats]
-                metrics["run_ahead_records"] = [st.get("run_ahead_records") for st in rhyme_stats]
-                metrics["history_residue_tokens"] = [st.get("dropped_global_tokens")
-                                                     for st in rhyme_stats]
+            metrics.update(history.metrics(rollout, rhyme_stats))
             # record: trace, metrics line, state
             record_epoch(config, trace, state, rollout, rewards, metrics, trace_epoch=s)
             if sampler.shuffle and (nxt is None or nxt.epoch != step.epoch):
@@ -184,59 +160,11 @@ def step_tag(config: RunConfig, sampler: StepSampler, step: Step) -> str:
     return f"{config.name}/s{step.step}/" if sampler.shuffle else f"{config.name}/e{step.epoch}/"
 
 
-def run_ahead_for(config: RunConfig, task: phases.Task, step: Step, nxt: Optional[Step],
-                  next_plan: Optional[phases.Plan]) -> Optional[RunAhead]:
-    """Run-ahead requests for the next step's prompts that this step does not sample."""
-    if not (config.rollout.run_ahead and nxt is not None and next_plan is not None):
-        return None
-    ids = {p: list(task.by_id[p].token_ids) for p in nxt.prompt_ids if p not in step.prompt_ids}
-    return RunAhead(preferred=[list(e) for e in next_plan.assignment], prompt_ids=ids,
-                    samples=config.rollout.run_ahead_samples, step=nxt.step, seed=config.seed,
-                    max_new_tokens=config.rollout.max_new_tokens)
-
-
-def export_step(pool, store, plan: phases.Plan, rollout: phases.Rollout,
-                step: Step) -> Dict[str, Any]:
-    """The step's prompts from their home engines, and the run-ahead prompts from the engines
-    that drafted them, into the driver's store."""
-    where = {pid: [e] for e, ids in enumerate(plan.assignment) for pid in ids}
-    for pid, e in (rollout.run_ahead or {}).get("claimed", {}).items():
-        if e not in where.setdefault(pid, []):
-            where[pid].append(e)
-    return phases.export_histories(pool, store, where)
-
-
 def step_keys(config: RunConfig, sampler: StepSampler, step: Step) -> Dict[str, Any]:
     """A step's place in the run and how its prompts were seen before."""
     return {"step": step.step, "step_in_epoch": step.step_in_epoch,
             "num_prompts": len(step.prompt_ids), "group_size": config.rollout.group_size,
             **sampler.visit(step.step).summary()}
-
-
-def transfer_keys(imported: List[Dict[str, Any]], exported: Optional[Dict[str, Any]],
-                  run_ahead: Optional[Dict[str, Any]], run_ahead_on: bool) -> Dict[str, Any]:
-    """The history transfers of the step's loop pass: the export of its prompts, the import
-    of the next step's (and, in a process's first step, of its own, up front); seconds, bytes
-    and the part on the critical path (the export's time past the training, every wait for
-    an import); and its run-ahead figures."""
-    out: Dict[str, Any] = {}
-    if exported is not None:
-        dropped = imported[-1]["num_prompts"]
-        out.update(history_import_s=sum(i["seconds"] for i in imported),
-                   history_import_bytes=sum(i["bytes"] for i in imported),
-                   history_export_s=exported["seconds"], history_export_bytes=exported["bytes"],
-                   history_exported_prompts=exported["prompts"],
-                   history_store_write_bytes=exported["store_bytes"],
-                   history_drop_busy=sum(i["busy"] for i in imported),
-                   history_transfer_critical_s=exported["critical_s"]
-                   + sum(i["waited_s"] for i in imported),
-                   history_num_prompts_after_drop=[dropped.get(e) for e in sorted(dropped)])
-    if run_ahead_on:  # zeros in a step without a next one
-        out.update({k: 0 for k in ("run_ahead_requests", "run_ahead_tokens", "run_ahead_prompts",
-                                   "run_ahead_aborted")},
-                   run_ahead_abort_s=0.0, run_ahead_drain_s=0.0)
-        out.update({k: v for k, v in (run_ahead or {}).items() if k != "claimed"})
-    return out
 
 
 def record_epoch(config: RunConfig, trace: TraceLog, state, rollout: phases.Rollout,
