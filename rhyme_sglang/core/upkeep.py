@@ -169,16 +169,24 @@ class HistoryUpkeep:
             if rec.in_global:
                 self._change(self._global, self._global.insert, rec.seq, rec.weight)
 
-    def _evict_epoch(self, ph: PromptHistory, epoch: int) -> None:
-        for rec in ph.records.pop(epoch, []):
-            self._unstore(rec)
-            rec.alive = False
+    def _evict_epoch(self, ph: PromptHistory, epoch: int, keep_global: bool = False) -> list:
+        """Remove the epoch's records from `ph`; returns them. `keep_global`: they leave the
+        prompt's trie only and stay alive (in the global trie or queued for it: the residue)."""
+        group = ph.records.pop(epoch, [])
+        for rec in group:
+            if keep_global:
+                self._change(ph.tree, ph.tree.remove, rec.seq, rec.weight)
+            else:
+                self._unstore(rec)
+                rec.alive = False
             self._num_records -= 1
             self._num_tokens -= len(rec.seq)
             if rec.request_id is not None and self._finished.get(rec.request_id) is rec:
                 del self._finished[rec.request_id]
+            rec.request_id = None
         self._dirty_open.discard((ph.key, epoch))
         self._dirty_closed.discard((ph.key, epoch))
+        return group
 
     def _import_responses(self, key: str, tail, responses, replace: bool) -> int:
         """Add checked responses (`transfer.ImportedResponse`) to prompt `key`; a held
@@ -228,31 +236,18 @@ class HistoryUpkeep:
         bookkeeping and the length statistics. Their global-trie contributions stay as the
         residue (class docstring), or go too when `dropped_global_tokens` is 0 or there is no
         global trie."""
-        if not (self.config.use_global and self.config.dropped_global_tokens > 0):
+        keep = self.config.use_global and self.config.dropped_global_tokens > 0
+        if not keep:
             pending = {id(r) for group in ph.records.values() for r in group if not r.in_global}
             if pending:
                 self._pending_global = [r for r in self._pending_global if id(r) not in pending]
-            for epoch in list(ph.records):
-                self._evict_epoch(ph, epoch)
-            self._drop_if_empty(ph)
-            return
-        kept = []
-        for epoch in list(ph.records):
-            for rec in ph.records.pop(epoch):
-                self._change(ph.tree, ph.tree.remove, rec.seq, rec.weight)
-                self._num_records -= 1
-                self._num_tokens -= len(rec.seq)
-                if rec.request_id is not None and self._finished.get(rec.request_id) is rec:
-                    del self._finished[rec.request_id]
-                rec.request_id = None
-                kept.append(rec)
-            self._dirty_open.discard((ph.key, epoch))
-            self._dirty_closed.discard((ph.key, epoch))
+        kept = [rec for epoch in list(ph.records) for rec in self._evict_epoch(ph, epoch, keep)]
         self._drop_if_empty(ph)
-        if kept:
-            self._residue[ph.key] = kept
-            self._residue_records += len(kept)
-            self._residue_tokens += sum(len(r.seq) for r in kept)
+        if not keep or not kept:
+            return
+        self._residue[ph.key] = kept
+        self._residue_records += len(kept)
+        self._residue_tokens += sum(len(r.seq) for r in kept)
         while self._residue_tokens > self.config.dropped_global_tokens:
             self._evict_residue()
 
