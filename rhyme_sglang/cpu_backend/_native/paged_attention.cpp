@@ -20,7 +20,6 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -113,6 +112,17 @@ inline void load_row(const void* base, int64_t index, int64_t width, int64_t col
     }
 }
 
+// Per-thread working memory of attend_request_impl.
+struct Scratch {
+    std::vector<float> scores, keys, tile, values, row_sum;
+    std::vector<int64_t> head_rows;
+};
+
+inline Scratch& scratch() {
+    static thread_local Scratch s;
+    return s;
+}
+
 struct Shapes {
     int64_t heads, kv_heads, head_dim, v_dim;
     float scale, logit_cap;
@@ -145,11 +155,17 @@ template <int W>
     const int64_t k_row = s.kv_heads * d, v_row = s.kv_heads * dv;  // a cache row
     const int64_t k_width = hkv * d, v_width = hkv * dv;  // the part of it these heads read
     const int64_t padded = (seq_len + W - 1) / W * W;
-    // scores of every row of the request (rows of other heads are left unwritten)
-    std::unique_ptr<float[]> scores(new float[static_cast<size_t>(rows * padded)]);
-    std::vector<float> keys(static_cast<size_t>(W * k_width));
-    std::vector<float> tile(static_cast<size_t>(k_width * W));  // [hkv][d][key in tile]
-    std::vector<float> values(static_cast<size_t>(kVBlock * v_width));
+    // this thread's buffers, kept between calls (a call is ~20 us at batch 1, where a malloc
+    // showed up in profiles); sized to this call, zeroed where read before written
+    Scratch& buf = scratch();
+    buf.scores.resize(static_cast<size_t>(rows * padded));  // rows of other heads stay unwritten
+    buf.keys.resize(static_cast<size_t>(W * k_width));
+    buf.tile.resize(static_cast<size_t>(k_width * W));  // [hkv][d][key in tile]
+    buf.values.resize(static_cast<size_t>(kVBlock * v_width));
+    float* const scores = buf.scores.data();
+    std::vector<float>& keys = buf.keys;
+    std::vector<float>& tile = buf.tile;
+    std::vector<float>& values = buf.values;
 
     auto load = [&](bool is_key, int64_t j, float* dst) {
         const int64_t width = is_key ? k_row : v_row, n = is_key ? k_width : v_width;
@@ -169,7 +185,8 @@ template <int W>
 
     // rows of each KV head of the range: t * h + kh * group + g
     const int64_t per_head = ext * group, mine = hkv * per_head;
-    std::vector<int64_t> head_rows(static_cast<size_t>(mine));
+    std::vector<int64_t>& head_rows = buf.head_rows;
+    head_rows.resize(static_cast<size_t>(mine));
     for (int64_t kh = 0, i = 0; kh < hkv; ++kh)
         for (int64_t t = 0; t < ext; ++t)
             for (int64_t g = 0; g < group; ++g) head_rows[i++] = t * h + (kh0 + kh) * group + g;
@@ -186,20 +203,21 @@ template <int W>
             const int64_t* hr = head_rows.data() + kh * per_head;
             int64_t i = 0;
             for (; i + kRows <= per_head; i += kRows)
-                score_rows<W, kRows>(q, hr + i, kt, d, s.scale, scores.get(), padded, j0);
+                score_rows<W, kRows>(q, hr + i, kt, d, s.scale, scores, padded, j0);
             switch (per_head - i) {
-                case 3: score_rows<W, 3>(q, hr + i, kt, d, s.scale, scores.get(), padded, j0); break;
-                case 2: score_rows<W, 2>(q, hr + i, kt, d, s.scale, scores.get(), padded, j0); break;
-                case 1: score_rows<W, 1>(q, hr + i, kt, d, s.scale, scores.get(), padded, j0); break;
+                case 3: score_rows<W, 3>(q, hr + i, kt, d, s.scale, scores, padded, j0); break;
+                case 2: score_rows<W, 2>(q, hr + i, kt, d, s.scale, scores, padded, j0); break;
+                case 1: score_rows<W, 1>(q, hr + i, kt, d, s.scale, scores, padded, j0); break;
                 default: break;
             }
         }
     }
     // 2. softmax weights per row: invisible keys get an exact 0
-    std::vector<float> row_sum(static_cast<size_t>(rows), 0.f);
+    std::vector<float>& row_sum = buf.row_sum;
+    row_sum.assign(static_cast<size_t>(rows), 0.f);
     for (const int64_t row : head_rows) {
         const int64_t t = row / h;
-        float* sc = scores.get() + row * padded;
+        float* sc = scores + row * padded;
         if (s.logit_cap > 0.f)
             for (int64_t j = 0; j < seq_len; ++j) sc[j] = s.logit_cap * std::tanh(sc[j] / s.logit_cap);
         for (int64_t j = std::max<int64_t>(prefix, 0); j < seq_len; ++j)
@@ -218,7 +236,7 @@ template <int W>
         float total[4] = {0.f, 0.f, 0.f, 0.f};
         const int64_t nr = std::min<int64_t>(4, mine - i0);
         const float* sc[4];
-        for (int64_t r = 0; r < nr; ++r) sc[r] = scores.get() + head_rows[i0 + r] * padded;
+        for (int64_t r = 0; r < nr; ++r) sc[r] = scores + head_rows[i0 + r] * padded;
         if (nr == 4) {
             for (int64_t j = 0; j < seq_len; ++j) {
                 total[0] += sc[0][j];
@@ -240,7 +258,7 @@ template <int W>
     for (int64_t j0 = 0; j0 < seq_len; j0 += kVBlock) {
         const int64_t nb = std::min<int64_t>(kVBlock, seq_len - j0);
         for (int64_t jj = 0; jj < nb; ++jj) load(false, j0 + jj, values.data() + jj * v_width);
-        const float* p = scores.get() + j0;
+        const float* p = scores + j0;
         for (int64_t kh = 0; kh < hkv; ++kh) {
             const float* vals = values.data() + kh * dv;
             const int64_t* hr = head_rows.data() + kh * per_head;

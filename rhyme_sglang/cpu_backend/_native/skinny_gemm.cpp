@@ -57,8 +57,8 @@ using namespace rhyme_vec;
 // 5: the AVX-512 build prefetches both cache lines of a step (it prefetched the first only:
 // issue 52, 2-core avx512_bf16 EPYC, SmolLM2's 30 layers streamed, 2 threads, in-process A/B:
 // bf16 1 / 8 / 16 rows 9.1 / 10.7 / 18.3 -> 7.6 / 7.9 / 12.4 ms, fp32 16.1 / 18.6 / 35.1 ->
-// 14.8 / 14.2 / 23.6 ms).
-constexpr int kRevision = 5;
+// 14.8 / 14.2 / 23.6 ms); 6: up to pair_rows() rows take two panels at a time.
+constexpr int kRevision = 6;
 constexpr int64_t kAhead = 32;  // k steps of the panel stream prefetched ahead
 constexpr int64_t kBlock = 32;  // k steps of a panel that every row tile passes before the next
 constexpr int64_t kMaxBlockedRows = 24;  // more rows than this run each tile over the whole of k
@@ -113,6 +113,27 @@ struct Bf16 {
     }
 };
 
+// y[r0 .. r0 + NR][c0 .. c0 + valid) <- the finished sums (+ bias).
+template <int W, int NR, typename S, typename V>
+[[gnu::always_inline]] inline void put_sums(const Problem& p, int64_t r0, int64_t c0, int64_t valid, const V* lo,
+                                            const V* hi) {
+    V blo = splatv<V>(0.f), bhi = splatv<V>(0.f);
+    const bool has_bias = p.bias != nullptr;
+    alignas(64) float buf[2 * W];
+    if (has_bias) {
+        std::memset(buf, 0, sizeof buf);
+        std::memcpy(buf, p.bias + c0, valid * sizeof(float));
+        blo = loadv<V>(buf);
+        bhi = loadv<V>(buf + W);
+    }
+    for (int r = 0; r < NR; ++r) {
+        const int64_t at = (r0 + r) * p.n + c0;
+        const V l = has_bias ? lo[r] + blo : lo[r], h = has_bias ? hi[r] + bhi : hi[r];
+        S::put(p.y, at, l, std::min<int64_t>(valid, W));
+        if (valid > W) S::put(p.y, at + W, h, valid - W);
+    }
+}
+
 // Rows r0 .. r0 + NR of one panel (columns c0 .. c0 + 2W, of which `valid` are real), over
 // steps of k in [k0, k1). A tile that does not start at k = 0 resumes its sums from `acc`
 // ([NR][2W]), one that does not end at K leaves them there; otherwise they go to y (plus bias).
@@ -150,22 +171,48 @@ template <int W, int NR, typename S>
         }
         return;
     }
-    V blo = splatv<V>(0.f), bhi = splatv<V>(0.f);
-    const bool has_bias = p.bias != nullptr;
-    alignas(64) float buf[2 * W];
-    if (has_bias) {
-        std::memset(buf, 0, sizeof buf);
-        std::memcpy(buf, p.bias + c0, valid * sizeof(float));
-        blo = loadv<V>(buf);
-        bhi = loadv<V>(buf + W);
-    }
-    for (int r = 0; r < NR; ++r) {
-        const int64_t at = (r0 + r) * p.n + c0;
-        const V l = has_bias ? lo[r] + blo : lo[r], h = has_bias ? hi[r] + bhi : hi[r];
-        S::put(p.y, at, l, std::min<int64_t>(valid, W));
-        if (valid > W) S::put(p.y, at + W, h, valid - W);
-    }
+    put_sums<W, NR, S>(p, r0, c0, valid, lo, hi);
 }
+
+// All NR rows (NR <= pair_rows<W>()) of panels pi and pi + 1 at once, over the whole of k: twice
+// the independent sums of a one-panel tile, and two streams in flight, for the few-row steps
+// that would otherwise wait on one chain of adds per register. Each output is still one
+// running sum over k in order in its own lane: the same bits as tile().
+template <int W, int NR, typename S>
+[[gnu::always_inline]] inline void tile_pair(const Problem& p, int64_t pi) {
+    typedef typename Lanes<W>::type V;
+    constexpr int64_t P = 2 * W;
+    const float* pa = p.panels + pi * p.k * P;
+    const float* pb = pa + p.k * P;
+    V alo[NR], ahi[NR], blo[NR], bhi[NR];
+    for (int r = 0; r < NR; ++r) alo[r] = ahi[r] = blo[r] = bhi[r] = splatv<V>(0.f);
+    const float* xr[NR];
+    for (int r = 0; r < NR; ++r) xr[r] = p.x + r * p.k;
+    for (int64_t kk = 0; kk < p.k; ++kk) {
+        __builtin_prefetch(pa + (kk + kAhead) * P, 0, 3);
+        __builtin_prefetch(pb + (kk + kAhead) * P, 0, 3);
+        if constexpr (W == 16) {
+            __builtin_prefetch(pa + (kk + kAhead) * P + W, 0, 3);
+            __builtin_prefetch(pb + (kk + kAhead) * P + W, 0, 3);
+        }
+        const V a0 = loadv<V>(pa + kk * P), a1 = loadv<V>(pa + kk * P + W);
+        const V b0 = loadv<V>(pb + kk * P), b1 = loadv<V>(pb + kk * P + W);
+        for (int r = 0; r < NR; ++r) {
+            alo[r] = S::madd(alo[r], a0, xr[r][kk]);
+            ahi[r] = S::madd(ahi[r], a1, xr[r][kk]);
+            blo[r] = S::madd(blo[r], b0, xr[r][kk]);
+            bhi[r] = S::madd(bhi[r], b1, xr[r][kk]);
+        }
+    }
+    const int64_t ca = pi * P, cb = ca + P;
+    put_sums<W, NR, S>(p, 0, ca, std::min<int64_t>(P, p.n - ca), alo, ahi);
+    put_sums<W, NR, S>(p, 0, cb, std::min<int64_t>(P, p.n - cb), blo, bhi);
+}
+
+// Rows that tile_pair takes: its 4 * NR sums and 4 loaded vectors fit the registers (32 on
+// AVX-512, 16 on AVX2).
+template <int W>
+constexpr int64_t pair_rows() { return W == 16 ? 4 : 2; }
 
 // Every row tile of one panel over k in [k0, k1); the first tile prefetches.
 template <int W, int NR, typename S>
@@ -197,6 +244,17 @@ template <int W, int NR, typename S>
 template <int W, int NR, typename S = Fp32>
 [[gnu::always_inline]] inline void run_panels(const Problem& p, int64_t p0, int64_t p1) {
     constexpr int64_t P = 2 * W;
+    if (p.m <= pair_rows<W>()) {  // few rows: panels two at a time, a last odd one alone
+        for (; p0 + 1 < p1; p0 += 2) {
+            switch (p.m) {
+                case 1: tile_pair<W, 1, S>(p, p0); break;
+                case 2: tile_pair<W, 2, S>(p, p0); break;
+                case 3: if constexpr (pair_rows<W>() >= 3) tile_pair<W, 3, S>(p, p0); break;
+                case 4: if constexpr (pair_rows<W>() >= 4) tile_pair<W, 4, S>(p, p0); break;
+                default: break;
+            }
+        }
+    }
     const int64_t block = (p.m > NR && p.m <= kMaxBlockedRows) ? kBlock : p.k;
     alignas(64) float sums[kMaxBlockedRows * P];
     for (int64_t pi = p0; pi < p1; ++pi) {

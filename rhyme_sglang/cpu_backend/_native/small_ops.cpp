@@ -63,7 +63,8 @@ template <typename V>
 template <typename V, typename T>
 [[gnu::always_inline]] inline void rmsnorm_rows(const T* x, const T* residual, const T* weight, T* out,
                                                 T* residual_out, int64_t rows, int64_t n, float eps) {
-    std::vector<float> sum(n);
+    static thread_local std::vector<float> sum;  // kept between calls (no malloc a call)
+    sum.resize(static_cast<size_t>(n));
     for (int64_t r = 0; r < rows; ++r) {
         const T* src = x + r * n;
         if (residual != nullptr) {
