@@ -22,6 +22,7 @@ from typing import Optional
 import torch
 
 from rhyme_sglang import settings as _settings
+from rhyme_sglang.machine import kernel_threads
 
 try:
     from . import _rhyme_ops as _native
@@ -125,5 +126,5 @@ def silu_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(x.shape[:-1] + (d,), dtype=x.dtype)
     rows = x.numel() // (2 * d)
     if rows:
-        _op("silu_mul", x.dtype)(x.data_ptr(), out.data_ptr(), rows, d)
+        _op("silu_mul", x.dtype)(x.data_ptr(), out.data_ptr(), rows, d, kernel_threads())
     return out

@@ -238,3 +238,20 @@ def test_bf16_silu_mul_matches_torch_and_keeps_rows_apart():
     assert (got != expected).float().mean() < 0.05  # silu's exp is ~1e-7 off torch's
     for r in range(5):
         assert torch.equal(small_ops.silu_mul(x[r:r + 1].clone())[0], got[r])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows,d", [(9, 1536), (72, 1536), (5, 2000), (40, 300)])
+def test_silu_mul_split_over_threads_changes_no_bit(monkeypatch, dtype, rows, d):
+    """From 8k elements the rows and 256-column chunks are parts on the kernel threads; each
+    element depends only on its own inputs, so the result is the one-thread result."""
+    from rhyme_sglang import machine
+
+    x = torch.randn(rows, 2 * d, generator=torch.Generator().manual_seed(rows + d)).to(dtype)
+    monkeypatch.setattr(machine, "_kernel_threads", 1)
+    alone = small_ops.silu_mul(x)
+    monkeypatch.setattr(machine, "_kernel_threads", 2)
+    assert torch.equal(small_ops.silu_mul(x), alone)
+    ref = torch.nn.functional.silu(x[:, :d]) * x[:, d:]
+    torch.testing.assert_close(alone.float(), ref.float(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-5,
+                               atol=1e-2 if dtype == torch.bfloat16 else 1e-5)

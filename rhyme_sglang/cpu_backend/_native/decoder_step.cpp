@@ -93,8 +93,8 @@ struct Rows {
         pick(g_ops->rotary_bf16, g_ops->rotary)(pos, q, qs, k, ks, q_out, k_out, ptr<const T>(table), rows,
                                                 tokens, qh, kh, d, rot, neox);
     }
-    static void silu_mul(const T* x, T* out, int64_t rows, int64_t d) {
-        pick(g_ops->silu_mul_bf16, g_ops->silu_mul)(x, out, rows, d);
+    static void silu_mul(const T* x, T* out, int64_t rows, int64_t d, int64_t th) {
+        pick(g_ops->silu_mul_bf16, g_ops->silu_mul)(x, out, rows, d, th);
     }
 };
 
@@ -169,7 +169,7 @@ void run_stack(const typename R::T* embed, typename R::T* out_rows, const int64_
         // MLP
         R::rmsnorm(hid.data(), res.data(), w[kPostNorm], x.data(), res.data(), tokens, hidden, eps);
         R::gemm(x.data(), w[kGateUp], w[kGateUpBias], gate_up.data(), tokens, 2 * inter, hidden, threads);
-        R::silu_mul(gate_up.data(), act.data(), tokens, inter);
+        R::silu_mul(gate_up.data(), act.data(), tokens, inter, threads);
         R::gemm(act.data(), w[kDown], w[kDownBias], hid.data(), tokens, hidden, inter, threads);
     }
     R::rmsnorm(hid.data(), res.data(), final_norm, out_rows, x.data(), tokens, hidden, eps);

@@ -12,7 +12,7 @@
 
 namespace rhyme_kernels {
 
-constexpr int kVersion = 2;  // bumped when a signature below changes
+constexpr int kVersion = 3;  // bumped when a signature below changes
 
 // _rhyme_gemm: y[m, n] = x[m, k] @ w^T (+ bias), w panel-packed (skinny_gemm.cpp); gemm_bf16
 // with bf16 x, w and y (fp32 bias; AVX512_BF16 only).
@@ -33,7 +33,7 @@ struct Ops {
                    int64_t k_stride, float* q_out, float* k_out, const float* cos_sin,
                    int64_t table_rows, int64_t tokens, int64_t q_heads, int64_t k_heads,
                    int64_t head_size, int64_t rot_dim, bool neox);
-    void (*silu_mul)(const float* x, float* out, int64_t rows, int64_t d);
+    void (*silu_mul)(const float* x, float* out, int64_t rows, int64_t d, int64_t threads);
     // the same on bf16 rows (bf16 weights and cos/sin table), rounding as PyTorch's bf16 ops
     void (*rmsnorm_bf16)(const uint16_t* x, const uint16_t* residual, const uint16_t* weight,
                          uint16_t* out, uint16_t* residual_out, int64_t rows, int64_t n, float eps);
@@ -42,7 +42,7 @@ struct Ops {
                         const uint16_t* cos_sin, int64_t table_rows, int64_t tokens,
                         int64_t q_heads, int64_t k_heads, int64_t head_size, int64_t rot_dim,
                         bool neox);
-    void (*silu_mul_bf16)(const uint16_t* x, uint16_t* out, int64_t rows, int64_t d);
+    void (*silu_mul_bf16)(const uint16_t* x, uint16_t* out, int64_t rows, int64_t d, int64_t threads);
 };
 
 // _rhyme_attention: paged attention and the K/V store (paged_attention.cpp).

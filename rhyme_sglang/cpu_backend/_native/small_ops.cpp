@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "parts.h"
 #include "vec.h"
 
 namespace py = pybind11;
@@ -178,14 +179,16 @@ void rotary(uintptr_t positions, uintptr_t q, int64_t q_stride, uintptr_t k, int
     return g * (g >= zero ? one / (one + e) : e / (one + e));
 }
 
+// Columns [c0, c1) of rows [r0, r1) (c0 a multiple of 8).
 template <typename T>
-[[gnu::always_inline]] inline void silu_mul_rows(const T* x, T* out, int64_t rows, int64_t d) {
-    for (int64_t r = 0; r < rows; ++r) {
+[[gnu::always_inline]] inline void silu_mul_block(const T* x, T* out, int64_t d, int64_t r0, int64_t r1, int64_t c0,
+                                                  int64_t c1) {
+    for (int64_t r = r0; r < r1; ++r) {
         const T* gate = x + r * 2 * d;
         const T* up = gate + d;
         T* o = out + r * d;
-        for (int64_t i = 0; i < d; i += 8) {
-            const int64_t n = std::min<int64_t>(8, d - i);
+        for (int64_t i = c0; i < c1; i += 8) {
+            const int64_t n = std::min<int64_t>(8, c1 - i);
             alignas(32) float g[8] = {};
             for (int64_t j = 0; j < n; ++j) g[j] = wide(gate[i + j]);
             const v8f s = silu8(loadv<v8f>(g));
@@ -195,24 +198,44 @@ template <typename T>
 }
 
 template <typename T>
-__attribute__((target("avx2"))) void silu_mul_avx2(const T* x, T* out, int64_t rows, int64_t d) {
-    silu_mul_rows(x, out, rows, d);
+__attribute__((target("avx2"))) void silu_mul_avx2(const T* x, T* out, int64_t d, int64_t r0, int64_t r1, int64_t c0,
+                                                   int64_t c1) {
+    silu_mul_block(x, out, d, r0, r1, c0, c1);
 }
 
 template <typename T>
-void silu_mul_default(const T* x, T* out, int64_t rows, int64_t d) { silu_mul_rows(x, out, rows, d); }
+void silu_mul_default(const T* x, T* out, int64_t d, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+    silu_mul_block(x, out, d, r0, r1, c0, c1);
+}
 
+constexpr int64_t kSiluChunk = 256;           // columns of a part (a multiple of 8)
+constexpr int64_t kSiluOneThread = 8 * 1024;  // fewer elements than this run on the caller alone
+
+// Each element depends only on its own two inputs, so the split into parts (rows x column
+// chunks, on up to `threads` threads) does not change a bit.
 template <typename T>
-void silu_mul_kernel(const T* x, T* out, int64_t rows, int64_t d) {
+void silu_mul_kernel(const T* x, T* out, int64_t rows, int64_t d, int64_t threads) {
     if (rows < 0 || d <= 0) throw std::invalid_argument("silu_mul needs rows >= 0 and d > 0");
     static const bool avx2 = __builtin_cpu_supports("avx2");
-    (avx2 ? silu_mul_avx2<T> : silu_mul_default<T>)(x, out, rows, d);
+    const auto block = avx2 ? silu_mul_avx2<T> : silu_mul_default<T>;
+    if (rows * d < kSiluOneThread || threads <= 1) {
+        block(x, out, d, 0, rows, 0, d);
+        return;
+    }
+    const int64_t chunks = (d + kSiluChunk - 1) / kSiluChunk, units = rows * chunks;
+    const int64_t parts = rhyme_parts::parts_for(units, threads);
+    rhyme_parts::run_in_parts(parts, threads, [&](int64_t part) {
+        for (int64_t u = units * part / parts; u < units * (part + 1) / parts; ++u) {
+            const int64_t r = u / chunks, c0 = (u % chunks) * kSiluChunk;
+            block(x, out, d, r, r + 1, c0, std::min(d, c0 + kSiluChunk));
+        }
+    });
 }
 
 template <typename T>
-void silu_mul(uintptr_t x, uintptr_t out, int64_t rows, int64_t d) {
+void silu_mul(uintptr_t x, uintptr_t out, int64_t rows, int64_t d, int64_t threads) {
     py::gil_scoped_release release;
-    silu_mul_kernel(reinterpret_cast<const T*>(x), reinterpret_cast<T*>(out), rows, d);
+    silu_mul_kernel(reinterpret_cast<const T*>(x), reinterpret_cast<T*>(out), rows, d, threads);
 }
 
 const rhyme_kernels::Ops kKernels{rhyme_kernels::kVersion,       &rmsnorm_kernel<float>,
@@ -223,6 +246,7 @@ const rhyme_kernels::Ops kKernels{rhyme_kernels::kVersion,       &rmsnorm_kernel
 }  // namespace
 
 PYBIND11_MODULE(_rhyme_ops, m) {
+    rhyme_parts::share_pool();
     m.doc() = "RMSNorm, rotary embedding and SiLU-and-mul for few-row CPU steps (see small_ops.cpp)";
     m.def("rmsnorm", &rmsnorm<float>);
     m.def("rotary", &rotary<float>);
