@@ -112,7 +112,7 @@ def rotary(positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
             positions.data_ptr(), query.data_ptr(), q_stride, key.data_ptr(), k_stride,
             q_out.data_ptr(), k_out.data_ptr(), cos_sin_cache.data_ptr(), cos_sin_cache.shape[0],
             tokens, query.numel() // (tokens * head_size), key.numel() // (tokens * head_size),
-            head_size, rotary_dim, bool(neox))
+            head_size, rotary_dim, bool(neox), kernel_threads())
     return q_out, k_out
 
 

@@ -255,3 +255,19 @@ def test_silu_mul_split_over_threads_changes_no_bit(monkeypatch, dtype, rows, d)
     ref = torch.nn.functional.silu(x[:, :d]) * x[:, d:]
     torch.testing.assert_close(alone.float(), ref.float(), rtol=1e-2 if dtype == torch.bfloat16 else 1e-5,
                                atol=1e-2 if dtype == torch.bfloat16 else 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul_whole_groups_and_tail_agree(dtype):
+    """Whole groups of eight run in vector registers, a row's tail element by element: an
+    element gets the same bits in either (a row of 13 has both; a NaN stays NaN)."""
+    gen = torch.Generator().manual_seed(5)
+    x = (torch.randn(3, 26, generator=gen) * 4).to(dtype)
+    x[1, 2] = float("nan")
+    x[2, 3] = float("inf")
+    got = small_ops.silu_mul(x)
+    assert torch.isnan(got[1, 2])
+    for c in range(13):  # column c alone is a tail of one element
+        alone = small_ops.silu_mul(torch.stack([x[:, c], x[:, 13 + c]], dim=1).contiguous())
+        assert torch.equal(torch.isnan(alone[:, 0]), torch.isnan(got[:, c]))
+        assert torch.equal(alone[:, 0].nan_to_num(0.0), got[:, c].nan_to_num(0.0)), c

@@ -89,9 +89,9 @@ struct Rows {
     }
     static void rotary(const int64_t* pos, const T* q, int64_t qs, const T* k, int64_t ks, T* q_out, T* k_out,
                        uintptr_t table, int64_t rows, int64_t tokens, int64_t qh, int64_t kh, int64_t d,
-                       int64_t rot, bool neox) {
+                       int64_t rot, bool neox, int64_t th) {
         pick(g_ops->rotary_bf16, g_ops->rotary)(pos, q, qs, k, ks, q_out, k_out, ptr<const T>(table), rows,
-                                                tokens, qh, kh, d, rot, neox);
+                                                tokens, qh, kh, d, rot, neox, th);
     }
     static void silu_mul(const T* x, T* out, int64_t rows, int64_t d, int64_t th) {
         pick(g_ops->silu_mul_bf16, g_ops->silu_mul)(x, out, rows, d, th);
@@ -155,7 +155,7 @@ void run_stack(const typename R::T* embed, typename R::T* out_rows, const int64_
         // attention
         R::gemm(x.data(), w[kQkv], w[kQkvBias], qkv.data(), tokens, qkv_n, hidden, threads);
         R::rotary(pos, qkv.data(), qkv_n, qkv.data() + q_size, qkv_n, q.data(), k.data(), cos_sin, table_rows, tokens,
-                  heads, kv_heads, head_dim, rot_dim, neox);
+                  heads, kv_heads, head_dim, rot_dim, neox, threads);
         const T* v_rows = qkv.data() + q_size + kv_size;  // row stride qkv_n
         g_attention->store_kv(ptr<void>(w[kKCache]), ptr<void>(w[kVCache]), k.data(), v_rows, kv_size * sizeof(T),
                               qkv_n * sizeof(T), reinterpret_cast<const int64_t*>(cache_loc), tokens,

@@ -32,7 +32,7 @@ struct Ops {
     void (*rotary)(const int64_t* positions, const float* q, int64_t q_stride, const float* k,
                    int64_t k_stride, float* q_out, float* k_out, const float* cos_sin,
                    int64_t table_rows, int64_t tokens, int64_t q_heads, int64_t k_heads,
-                   int64_t head_size, int64_t rot_dim, bool neox);
+                   int64_t head_size, int64_t rot_dim, bool neox, int64_t threads);
     void (*silu_mul)(const float* x, float* out, int64_t rows, int64_t d, int64_t threads);
     // the same on bf16 rows (bf16 weights and cos/sin table), rounding as PyTorch's bf16 ops
     void (*rmsnorm_bf16)(const uint16_t* x, const uint16_t* residual, const uint16_t* weight,
@@ -41,7 +41,7 @@ struct Ops {
                         const uint16_t* k, int64_t k_stride, uint16_t* q_out, uint16_t* k_out,
                         const uint16_t* cos_sin, int64_t table_rows, int64_t tokens,
                         int64_t q_heads, int64_t k_heads, int64_t head_size, int64_t rot_dim,
-                        bool neox);
+                        bool neox, int64_t threads);
     void (*silu_mul_bf16)(const uint16_t* x, uint16_t* out, int64_t rows, int64_t d, int64_t threads);
 };
 

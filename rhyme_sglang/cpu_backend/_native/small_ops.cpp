@@ -130,11 +130,18 @@ void rotate_rows(const T* src, int64_t src_stride, T* dst, const int64_t* positi
         for (int64_t h = 0; h < heads; ++h) {
             const T* x = src + t * src_stride + h * head_size;
             T* o = dst + (t * heads + h) * head_size;
-            for (int64_t i = 0; i < half; ++i) {
-                const int64_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-                const float x1 = wide(x[a]), x2 = wide(x[b]), c = wide(cos[i]), sn = wide(sin[i]);
-                o[a] = narrow<T>(rounded<T>(x1 * c) - rounded<T>(x2 * sn));
-                o[b] = narrow<T>(rounded<T>(x2 * c) + rounded<T>(x1 * sn));
+            if (neox) {  // contiguous halves: a loop the compiler vectorizes
+                for (int64_t i = 0; i < half; ++i) {
+                    const float x1 = wide(x[i]), x2 = wide(x[i + half]), c = wide(cos[i]), sn = wide(sin[i]);
+                    o[i] = narrow<T>(rounded<T>(x1 * c) - rounded<T>(x2 * sn));
+                    o[i + half] = narrow<T>(rounded<T>(x2 * c) + rounded<T>(x1 * sn));
+                }
+            } else {
+                for (int64_t i = 0; i < half; ++i) {
+                    const float x1 = wide(x[2 * i]), x2 = wide(x[2 * i + 1]), c = wide(cos[i]), sn = wide(sin[i]);
+                    o[2 * i] = narrow<T>(rounded<T>(x1 * c) - rounded<T>(x2 * sn));
+                    o[2 * i + 1] = narrow<T>(rounded<T>(x2 * c) + rounded<T>(x1 * sn));
+                }
             }
             for (int64_t i = rot_dim; i < head_size; ++i) o[i] = x[i];
         }
@@ -142,9 +149,19 @@ void rotate_rows(const T* src, int64_t src_stride, T* dst, const int64_t* positi
 }
 
 template <typename T>
+__attribute__((target("avx2"))) void rotate_rows_avx2(const T* src, int64_t src_stride, T* dst, const int64_t* positions,
+                                                      const T* cos_sin, int64_t tokens, int64_t heads,
+                                                      int64_t head_size, int64_t rot_dim, bool neox) {
+    rotate_rows(src, src_stride, dst, positions, cos_sin, tokens, heads, head_size, rot_dim, neox);
+}
+
+constexpr int64_t kOneThread = 8 * 1024;  // fewer elements than this: the caller alone
+
+// Tokens are independent, so a split of them into parts on up to `threads` threads changes no bit.
+template <typename T>
 void rotary_kernel(const int64_t* pos, const T* q, int64_t q_stride, const T* k, int64_t k_stride, T* q_out,
                    T* k_out, const T* table, int64_t table_rows, int64_t tokens, int64_t q_heads,
-                   int64_t k_heads, int64_t head_size, int64_t rot_dim, bool neox) {
+                   int64_t k_heads, int64_t head_size, int64_t rot_dim, bool neox, int64_t threads) {
     if (tokens < 0 || head_size <= 0 || rot_dim <= 0 || rot_dim > head_size || rot_dim % 2)
         throw std::invalid_argument("rotary needs 0 < rot_dim <= head_size, rot_dim even");
     if (q_stride < q_heads * head_size || k_stride < k_heads * head_size)
@@ -153,19 +170,32 @@ void rotary_kernel(const int64_t* pos, const T* q, int64_t q_stride, const T* k,
         if (pos[t] < 0 || pos[t] >= table_rows)
             throw std::out_of_range("position " + std::to_string(pos[t]) + " is outside the rotary table of " +
                                     std::to_string(table_rows) + " positions");
-    rotate_rows(q, q_stride, q_out, pos, table, tokens, q_heads, head_size, rot_dim, neox);
-    rotate_rows(k, k_stride, k_out, pos, table, tokens, k_heads, head_size, rot_dim, neox);
+    static const bool avx2 = __builtin_cpu_supports("avx2");
+    const auto rotate = avx2 ? rotate_rows_avx2<T> : rotate_rows<T>;
+    auto some = [&](int64_t t0, int64_t t1) {
+        rotate(q + t0 * q_stride, q_stride, q_out + t0 * q_heads * head_size, pos + t0, table, t1 - t0, q_heads,
+               head_size, rot_dim, neox);
+        rotate(k + t0 * k_stride, k_stride, k_out + t0 * k_heads * head_size, pos + t0, table, t1 - t0, k_heads,
+               head_size, rot_dim, neox);
+    };
+    if (tokens * (q_heads + k_heads) * head_size < kOneThread || threads <= 1) {
+        some(0, tokens);
+        return;
+    }
+    const int64_t parts = rhyme_parts::parts_for(tokens, threads);
+    rhyme_parts::run_in_parts(parts, threads,
+                              [&](int64_t part) { some(tokens * part / parts, tokens * (part + 1) / parts); });
 }
 
 template <typename T>
 void rotary(uintptr_t positions, uintptr_t q, int64_t q_stride, uintptr_t k, int64_t k_stride,
             uintptr_t q_out, uintptr_t k_out, uintptr_t cos_sin, int64_t table_rows, int64_t tokens,
-            int64_t q_heads, int64_t k_heads, int64_t head_size, int64_t rot_dim, bool neox) {
+            int64_t q_heads, int64_t k_heads, int64_t head_size, int64_t rot_dim, bool neox, int64_t threads) {
     py::gil_scoped_release release;
     rotary_kernel(reinterpret_cast<const int64_t*>(positions), reinterpret_cast<const T*>(q), q_stride,
                   reinterpret_cast<const T*>(k), k_stride, reinterpret_cast<T*>(q_out), reinterpret_cast<T*>(k_out),
                   reinterpret_cast<const T*>(cos_sin), table_rows, tokens, q_heads, k_heads, head_size, rot_dim,
-                  neox);
+                  neox, threads);
 }
 
 // SiLU-and-mul of a fused gate/up row: out[r][i] = silu(x[r][i]) * x[r][d + i], with
@@ -180,6 +210,39 @@ void rotary(uintptr_t positions, uintptr_t q, int64_t q_stride, uintptr_t k, int
 }
 
 // Columns [c0, c1) of rows [r0, r1) (c0 a multiple of 8).
+// Eight elements widened to fp32 / rounded to T and stored, lane by lane as wide() and
+// narrow<T>() do (bf16: to nearest even, a NaN to 0x7FC0); round8<T> is narrow then wide.
+typedef uint32_t v8u __attribute__((vector_size(32)));
+typedef uint16_t v8h __attribute__((vector_size(16)));
+[[gnu::always_inline]] inline v8f load8(const float* p) { return loadv<v8f>(p); }
+[[gnu::always_inline]] inline v8f load8(const uint16_t* p) {
+    v8h h;
+    std::memcpy(&h, p, sizeof h);
+    const v8u bits = __builtin_convertvector(h, v8u) << 16;
+    v8f f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+}
+[[gnu::always_inline]] inline v8u bf16_bits8(v8f v) {  // the bf16 of each lane, in its low half
+    v8u bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    const v8u rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+    return (bits & 0x7FFFFFFFu) > 0x7F800000u ? v8u{} + 0x7FC0u : rounded;
+}
+[[gnu::always_inline]] inline void store8(float* p, v8f v) { storev<v8f>(p, v); }
+[[gnu::always_inline]] inline void store8(uint16_t* p, v8f v) {
+    const v8h h = __builtin_convertvector(bf16_bits8(v), v8h);
+    std::memcpy(p, &h, sizeof h);
+}
+template <typename T> [[gnu::always_inline]] inline v8f round8(v8f v);
+template <> [[gnu::always_inline]] inline v8f round8<float>(v8f v) { return v; }
+template <> [[gnu::always_inline]] inline v8f round8<uint16_t>(v8f v) {
+    const v8u bits = bf16_bits8(v) << 16;
+    v8f f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
 template <typename T>
 [[gnu::always_inline]] inline void silu_mul_block(const T* x, T* out, int64_t d, int64_t r0, int64_t r1, int64_t c0,
                                                   int64_t c1) {
@@ -187,8 +250,11 @@ template <typename T>
         const T* gate = x + r * 2 * d;
         const T* up = gate + d;
         T* o = out + r * d;
-        for (int64_t i = c0; i < c1; i += 8) {
-            const int64_t n = std::min<int64_t>(8, c1 - i);
+        int64_t i = c0;
+        for (; i + 8 <= c1; i += 8)  // whole groups in vector registers
+            store8(o + i, round8<T>(silu8(load8(gate + i))) * load8(up + i));
+        if (i < c1) {  // the tail, through the same vector code, lanes unused
+            const int64_t n = c1 - i;
             alignas(32) float g[8] = {};
             for (int64_t j = 0; j < n; ++j) g[j] = wide(gate[i + j]);
             const v8f s = silu8(loadv<v8f>(g));
@@ -209,7 +275,6 @@ void silu_mul_default(const T* x, T* out, int64_t d, int64_t r0, int64_t r1, int
 }
 
 constexpr int64_t kSiluChunk = 256;           // columns of a part (a multiple of 8)
-constexpr int64_t kSiluOneThread = 8 * 1024;  // fewer elements than this run on the caller alone
 
 // Each element depends only on its own two inputs, so the split into parts (rows x column
 // chunks, on up to `threads` threads) does not change a bit.
@@ -218,7 +283,7 @@ void silu_mul_kernel(const T* x, T* out, int64_t rows, int64_t d, int64_t thread
     if (rows < 0 || d <= 0) throw std::invalid_argument("silu_mul needs rows >= 0 and d > 0");
     static const bool avx2 = __builtin_cpu_supports("avx2");
     const auto block = avx2 ? silu_mul_avx2<T> : silu_mul_default<T>;
-    if (rows * d < kSiluOneThread || threads <= 1) {
+    if (rows * d < kOneThread || threads <= 1) {
         block(x, out, d, 0, rows, 0, d);
         return;
     }

@@ -54,8 +54,8 @@ template <>
 [[gnu::always_inline]] inline uint16_t f32_to_bf16(float f) {
     uint32_t bits;
     std::memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;
-    return static_cast<uint16_t>((bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16);
+    const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+    return (bits & 0x7FFFFFFFu) > 0x7F800000u ? uint16_t{0x7FC0} : static_cast<uint16_t>(rounded);  // a select: loops vectorize
 }
 
 // f rounded to bf16 and widened back: what a PyTorch op on bf16 tensors leaves of its fp32 result.
