@@ -58,6 +58,39 @@ inline v8f load8(const float* p) {
 
 inline void store8(float* p, v8f x) { std::memcpy(p, &x, sizeof x); }
 
+// Lanes i of a and b interleaved: the first halves (lo) or the second halves (hi).
+[[gnu::always_inline]] inline v16f lo_half(v16f a, v16f b) {
+    return __builtin_shufflevector(a, b, 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+}
+[[gnu::always_inline]] inline v16f hi_half(v16f a, v16f b) {
+    return __builtin_shufflevector(a, b, 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+}
+[[gnu::always_inline]] inline v8f lo_half(v8f a, v8f b) { return __builtin_shufflevector(a, b, 0, 8, 1, 9, 2, 10, 3, 11); }
+[[gnu::always_inline]] inline v8f hi_half(v8f a, v8f b) { return __builtin_shufflevector(a, b, 4, 12, 5, 13, 6, 14, 7, 15); }
+
+// tile [width][W] <- keys [W][width] (a key's values to one lane per key), W x W blocks in
+// registers: log2(W) rounds, each interleaving row i with row i + W/2, transpose a block (an
+// exact copy: the scores read the same values as from an element-by-element transpose).
+template <int W>
+[[gnu::always_inline]] inline void transpose_keys(const float* keys, float* tile, int64_t width) {
+    typedef typename Lanes<W>::type V;
+    int64_t c0 = 0;
+    for (; c0 + W <= width; c0 += W) {
+        V m[W], t[W];
+        for (int jj = 0; jj < W; ++jj) m[jj] = loadv<V>(keys + jj * width + c0);
+        for (int round = 1; round < W; round *= 2) {
+            for (int i = 0; i < W / 2; ++i) {
+                t[2 * i] = lo_half(m[i], m[i + W / 2]);
+                t[2 * i + 1] = hi_half(m[i], m[i + W / 2]);
+            }
+            for (int i = 0; i < W; ++i) m[i] = t[i];
+        }
+        for (int c = 0; c < W; ++c) storev<V>(tile + (c0 + c) * W, m[c]);
+    }
+    for (int64_t c = c0; c < width; ++c)  // a width that is not a whole number of blocks
+        for (int64_t jj = 0; jj < W; ++jj) tile[c * W + jj] = keys[jj * width + c];
+}
+
 // Scores of NR query rows (same KV head) against one tile of W keys, kt [d][W]:
 // each lane adds q[c] * k[c] for c = 0 .. d-1 in order, then scales.
 template <int W, int NR>
@@ -176,6 +209,16 @@ template <int W>
         else
             load_row(is_key ? k_cache : v_cache, locs[j], width, col0, n, s.kv_bf16, dst);
     };
+    // the cache lines of key / value row j that load() reads, asked for ahead of time (a
+    // request's rows sit anywhere in the pool: each is a memory latency otherwise)
+    const int64_t elem = s.kv_bf16 ? 2 : 4;
+    auto prefetch = [&](bool is_key, int64_t j) {
+        if (j >= seq_len || (j >= prefix && (is_key ? k_new : v_new) != nullptr)) return;
+        const int64_t width = is_key ? k_row : v_row, n = is_key ? k_width : v_width;
+        const char* row = static_cast<const char*>(is_key ? k_cache : v_cache) +
+                          (locs[j] * width + kh0 * (is_key ? d : dv)) * elem;
+        for (int64_t b = 0; b < n * elem; b += 64) __builtin_prefetch(row + b, 0, 3);
+    };
     // visible(t, j) for an extend key j >= prefix
     auto sees = [&](int64_t t, int64_t j) -> bool {
         const int64_t r = j - prefix;
@@ -194,10 +237,14 @@ template <int W>
     // 1. scores, a tile of W keys at a time (missing keys of the last tile are zeros)
     for (int64_t j0 = 0; j0 < seq_len; j0 += W) {
         const int64_t nb = std::min<int64_t>(W, seq_len - j0);
-        std::fill(keys.begin(), keys.end(), 0.f);
-        for (int64_t jj = 0; jj < nb; ++jj) load(true, j0 + jj, keys.data() + jj * k_width);
-        for (int64_t c = 0; c < k_width; ++c)
-            for (int64_t jj = 0; jj < W; ++jj) tile[c * W + jj] = keys[jj * k_width + c];
+        for (int64_t jj = 0; jj < nb; ++jj) {
+            prefetch(true, j0 + jj + W);  // the next tile's key
+            load(true, j0 + jj, keys.data() + jj * k_width);
+        }
+        if (j0 == 0)  // the value rows of the first V block, while the scores are computed
+            for (int64_t j = 0; j < std::min<int64_t>(kVBlock, seq_len); ++j) prefetch(false, j);
+        std::fill(keys.begin() + nb * k_width, keys.end(), 0.f);
+        transpose_keys<W>(keys.data(), tile.data(), k_width);
         for (int64_t kh = 0; kh < hkv; ++kh) {
             const float* kt = tile.data() + kh * d * W;
             const int64_t* hr = head_rows.data() + kh * per_head;
@@ -257,7 +304,10 @@ template <int W>
     const int64_t wide = dv / (2 * W) * (2 * W);
     for (int64_t j0 = 0; j0 < seq_len; j0 += kVBlock) {
         const int64_t nb = std::min<int64_t>(kVBlock, seq_len - j0);
-        for (int64_t jj = 0; jj < nb; ++jj) load(false, j0 + jj, values.data() + jj * v_width);
+        for (int64_t jj = 0; jj < nb; ++jj) {
+            prefetch(false, j0 + jj + kVBlock);  // the next block's value
+            load(false, j0 + jj, values.data() + jj * v_width);
+        }
         const float* p = scores + j0;
         for (int64_t kh = 0; kh < hkv; ++kh) {
             const float* vals = values.data() + kh * dv;
