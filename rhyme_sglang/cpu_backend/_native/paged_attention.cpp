@@ -22,6 +22,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels.h"
@@ -200,24 +201,27 @@ template <int W>
     std::vector<float>& tile = buf.tile;
     std::vector<float>& values = buf.values;
 
-    auto load = [&](bool is_key, int64_t j, float* dst) {
-        const int64_t width = is_key ? k_row : v_row, n = is_key ? k_width : v_width;
-        const int64_t col0 = kh0 * (is_key ? d : dv);
+    // key / value row j: (buffer, row) of this step's new rows or of the cache; these heads'
+    // part of it starts at column col0(is_key) and is n(is_key) values wide
+    auto where = [&](bool is_key, int64_t j) -> std::pair<const void*, int64_t> {
         const void* fresh = is_key ? k_new : v_new;
-        if (j >= prefix && fresh != nullptr)
-            load_row(fresh, j - prefix, width, col0, n, s.kv_bf16, dst);
-        else
-            load_row(is_key ? k_cache : v_cache, locs[j], width, col0, n, s.kv_bf16, dst);
+        if (j >= prefix && fresh != nullptr) return {fresh, j - prefix};
+        return {is_key ? k_cache : v_cache, locs[j]};
     };
-    // the cache lines of key / value row j that load() reads, asked for ahead of time (a
-    // request's rows sit anywhere in the pool: each is a memory latency otherwise)
+    auto col0 = [&](bool is_key) { return kh0 * (is_key ? d : dv); };
+    auto n = [&](bool is_key) { return is_key ? k_width : v_width; };
+    auto load = [&](bool is_key, int64_t j, float* dst) {
+        const auto [base, index] = where(is_key, j);
+        load_row(base, index, is_key ? k_row : v_row, col0(is_key), n(is_key), s.kv_bf16, dst);
+    };
+    // the cache lines load() will read for row j, asked for ahead of time (a request's rows sit
+    // anywhere in the pool: each is a memory latency otherwise)
     const int64_t elem = s.kv_bf16 ? 2 : 4;
     auto prefetch = [&](bool is_key, int64_t j) {
-        if (j >= seq_len || (j >= prefix && (is_key ? k_new : v_new) != nullptr)) return;
-        const int64_t width = is_key ? k_row : v_row, n = is_key ? k_width : v_width;
-        const char* row = static_cast<const char*>(is_key ? k_cache : v_cache) +
-                          (locs[j] * width + kh0 * (is_key ? d : dv)) * elem;
-        for (int64_t b = 0; b < n * elem; b += 64) __builtin_prefetch(row + b, 0, 3);
+        if (j >= seq_len) return;
+        const auto [base, index] = where(is_key, j);
+        const char* row = static_cast<const char*>(base) + (index * (is_key ? k_row : v_row) + col0(is_key)) * elem;
+        for (int64_t b = 0; b < n(is_key) * elem; b += 64) __builtin_prefetch(row + b, 0, 3);
     };
     // visible(t, j) for an extend key j >= prefix
     auto sees = [&](int64_t t, int64_t j) -> bool {

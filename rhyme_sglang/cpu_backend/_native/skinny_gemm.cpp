@@ -106,9 +106,7 @@ struct Bf16 {
         typedef uint16_t v16h __attribute__((vector_size(32)));
         v16u bits;
         std::memcpy(&bits, &v, sizeof bits);
-        const v16u rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
-        const v16u nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;  // all ones where NaN
-        const v16h out = __builtin_convertvector(nan ? v16u{} + 0x7FC0u : rounded, v16h);
+        const v16h out = __builtin_convertvector(bf16_bits(bits), v16h);
         std::memcpy(static_cast<uint16_t*>(y) + at, &out, n * sizeof(uint16_t));
     }
 };

@@ -120,6 +120,17 @@ void rmsnorm(uintptr_t x, uintptr_t residual, uintptr_t weight, uintptr_t out, u
 // (i, i + rot/2) pairs, GPT-J style (2i, 2i + 1). cos_sin [positions][rot_dim] (of T): cos in
 // the first half, sin in the second. Every product and sum is rounded to T, as PyTorch's
 // separate ops on T tensors round them (a product of two bf16 is exact in fp32): the same bits.
+// o[a(i)], o[b(i)] <- the pair (x[a(i)], x[b(i)]) rotated by (cos[i], sin[i]), for i < half.
+template <typename T, typename A, typename B>
+[[gnu::always_inline]] inline void rotate_pairs(const T* x, T* o, const T* cos, const T* sin, int64_t half, A a,
+                                                B b) {
+    for (int64_t i = 0; i < half; ++i) {
+        const float x1 = wide(x[a(i)]), x2 = wide(x[b(i)]), c = wide(cos[i]), sn = wide(sin[i]);
+        o[a(i)] = narrow<T>(rounded<T>(x1 * c) - rounded<T>(x2 * sn));
+        o[b(i)] = narrow<T>(rounded<T>(x2 * c) + rounded<T>(x1 * sn));
+    }
+}
+
 template <typename T>
 void rotate_rows(const T* src, int64_t src_stride, T* dst, const int64_t* positions, const T* cos_sin,
                  int64_t tokens, int64_t heads, int64_t head_size, int64_t rot_dim, bool neox) {
@@ -130,19 +141,12 @@ void rotate_rows(const T* src, int64_t src_stride, T* dst, const int64_t* positi
         for (int64_t h = 0; h < heads; ++h) {
             const T* x = src + t * src_stride + h * head_size;
             T* o = dst + (t * heads + h) * head_size;
-            if (neox) {  // contiguous halves: a loop the compiler vectorizes
-                for (int64_t i = 0; i < half; ++i) {
-                    const float x1 = wide(x[i]), x2 = wide(x[i + half]), c = wide(cos[i]), sn = wide(sin[i]);
-                    o[i] = narrow<T>(rounded<T>(x1 * c) - rounded<T>(x2 * sn));
-                    o[i + half] = narrow<T>(rounded<T>(x2 * c) + rounded<T>(x1 * sn));
-                }
-            } else {
-                for (int64_t i = 0; i < half; ++i) {
-                    const float x1 = wide(x[2 * i]), x2 = wide(x[2 * i + 1]), c = wide(cos[i]), sn = wide(sin[i]);
-                    o[2 * i] = narrow<T>(rounded<T>(x1 * c) - rounded<T>(x2 * sn));
-                    o[2 * i + 1] = narrow<T>(rounded<T>(x2 * c) + rounded<T>(x1 * sn));
-                }
-            }
+            if (neox)  // contiguous halves: the pair loop vectorizes
+                rotate_pairs(x, o, cos, sin, half, [](int64_t i) { return i; },
+                             [half](int64_t i) { return i + half; });
+            else
+                rotate_pairs(x, o, cos, sin, half, [](int64_t i) { return 2 * i; },
+                             [](int64_t i) { return 2 * i + 1; });
             for (int64_t i = rot_dim; i < head_size; ++i) o[i] = x[i];
         }
     }
@@ -226,8 +230,7 @@ typedef uint16_t v8h __attribute__((vector_size(16)));
 [[gnu::always_inline]] inline v8u bf16_bits8(v8f v) {  // the bf16 of each lane, in its low half
     v8u bits;
     std::memcpy(&bits, &v, sizeof bits);
-    const v8u rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
-    return (bits & 0x7FFFFFFFu) > 0x7F800000u ? v8u{} + 0x7FC0u : rounded;
+    return bf16_bits(bits);
 }
 [[gnu::always_inline]] inline void store8(float* p, v8f v) { storev<v8f>(p, v); }
 [[gnu::always_inline]] inline void store8(uint16_t* p, v8f v) {
@@ -253,12 +256,12 @@ template <typename T>
         int64_t i = c0;
         for (; i + 8 <= c1; i += 8)  // whole groups in vector registers
             store8(o + i, round8<T>(silu8(load8(gate + i))) * load8(up + i));
-        if (i < c1) {  // the tail, through the same vector code, lanes unused
-            const int64_t n = c1 - i;
-            alignas(32) float g[8] = {};
-            for (int64_t j = 0; j < n; ++j) g[j] = wide(gate[i + j]);
-            const v8f s = silu8(loadv<v8f>(g));
-            for (int64_t j = 0; j < n; ++j) o[i + j] = narrow<T>(rounded<T>(s[j]) * wide(up[i + j]));
+        if (i < c1) {  // the tail: zero-padded copies through the same line, lanes past it unused
+            T g[8] = {}, u[8] = {}, out8[8];
+            std::copy(gate + i, gate + c1, g);
+            std::copy(up + i, up + c1, u);
+            store8(out8, round8<T>(silu8(load8(g))) * load8(u));
+            std::copy(out8, out8 + (c1 - i), o + i);
         }
     }
 }

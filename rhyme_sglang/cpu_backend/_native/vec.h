@@ -51,11 +51,18 @@ template <>
     return f;
 }
 
+// The bf16 of fp32 bits, in the low half: to nearest even, a NaN to 0x7FC0 (torch's rule). U is
+// uint32_t or a vector of them (lane by lane); a select, not a branch, so loops vectorize.
+template <typename U>
+[[gnu::always_inline]] inline U bf16_bits(U bits) {
+    const U rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+    return (bits & 0x7FFFFFFFu) > 0x7F800000u ? U{} + 0x7FC0u : rounded;
+}
+
 [[gnu::always_inline]] inline uint16_t f32_to_bf16(float f) {
     uint32_t bits;
     std::memcpy(&bits, &f, sizeof bits);
-    const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
-    return (bits & 0x7FFFFFFFu) > 0x7F800000u ? uint16_t{0x7FC0} : static_cast<uint16_t>(rounded);  // a select: loops vectorize
+    return static_cast<uint16_t>(bf16_bits(bits));
 }
 
 // f rounded to bf16 and widened back: what a PyTorch op on bf16 tensors leaves of its fp32 result.
