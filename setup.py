@@ -20,8 +20,9 @@ except ImportError:  # pybind11 missing outside an isolated build: ship pure Pyt
     ext_modules = []
 else:
     def _native(name: str, source: str, contract: str = "off") -> Pybind11Extension:
-        # no fast-math. FMA contraction off for the attention kernel (its bit-identity across
-        # ISA builds relies on it); on for the GEMM, whose AVX2 and AVX-512 builds both fuse
+        # no fast-math. FMA contraction off for the attention kernel (it writes its fused
+        # multiply-adds out, the same in every ISA build; its bit-identity across builds relies
+        # on nothing else being fused); on for the GEMM, whose AVX2 and AVX-512 builds both fuse
         # (depends: a changed shared header rebuilds the module that includes it)
         return Pybind11Extension(name, [source], cxx_std=17, optional=True,
                                  depends=sorted(glob.glob(os.path.join(os.path.dirname(source), "*.h"))),

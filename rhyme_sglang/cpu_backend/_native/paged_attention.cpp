@@ -3,12 +3,14 @@
 // order with a fixed arithmetic order. A token's output therefore does not depend on how many
 // other rows share the call: one decode row and the same token as a node of a verify tree (same
 // visible keys, same values) give bit-identical results, which is what lossless speculation
-// needs. K/V are read once per request for all of its query rows, in the cache's own dtype
-// (float32 or bf16, widened to float32 on load), so nothing is gathered or converted ahead.
+// needs. K/V are read in place once per request for all of its query rows, in the cache's own
+// dtype (float32, or bf16 widened to float32 in registers), so nothing is gathered or
+// converted ahead.
 //
-// Built without fast-math and with -ffp-contract=off: each score sums q[c] * k[c] over c in
-// order and each V sum runs over the keys in order, one lane per key or column, so the AVX-512
-// (16-lane) and AVX2 (8-lane) builds give the same bits.
+// Built without fast-math and with -ffp-contract=off; the multiply-adds are written as fused
+// ones (fused(): one rounding): each score is acc = fma(q[c], k[c], acc) over c in order and
+// each V sum acc = fma(p, v, acc) over the keys in order, one lane per key or column. The
+// AVX-512 (16-lane), AVX2+FMA (8-lane) and portable (fmaf per lane) builds give the same bits.
 //
 // Called from rhyme_sglang/cpu_backend/attention.py with raw pointers to contiguous tensors
 // that Python checked (shapes, dtypes, strides); no torch headers are needed to build it.
@@ -36,7 +38,7 @@ namespace {
 using namespace rhyme_vec;
 
 constexpr int kBlock = 8;    // floats in a v8f
-constexpr int kVBlock = 64;  // keys whose values are widened at once for the V sums
+constexpr int kVBlock = 64;  // keys of one V block (their rows found once; the next block prefetched)
 constexpr int kRows = 4;     // query rows of one KV head computed together (sharing loads)
 // The score tile (keys, one per lane) and the V-sum column block are W lanes (Lanes<W>, vec.h)
 // wide: 16 where
@@ -44,12 +46,6 @@ constexpr int kRows = 4;     // query rows of one KV head computed together (sha
 // their accumulators spill, measured 5-9x slower on an AVX2 EPYC). Lanes never mix: a key's
 // score and a column's V sum run in the same order whatever W is, so the bits do not change.
 
-inline float bf16_to_float(uint16_t x) {
-    uint32_t bits = static_cast<uint32_t>(x) << 16;
-    float f;
-    std::memcpy(&f, &bits, sizeof f);
-    return f;
-}
 
 inline v8f load8(const float* p) {
     v8f x;
@@ -69,16 +65,30 @@ inline void store8(float* p, v8f x) { std::memcpy(p, &x, sizeof x); }
 [[gnu::always_inline]] inline v8f lo_half(v8f a, v8f b) { return __builtin_shufflevector(a, b, 0, 8, 1, 9, 2, 10, 3, 11); }
 [[gnu::always_inline]] inline v8f hi_half(v8f a, v8f b) { return __builtin_shufflevector(a, b, 4, 12, 5, 13, 6, 14, 7, 15); }
 
-// tile [width][W] <- keys [W][width] (a key's values to one lane per key), W x W blocks in
-// registers: log2(W) rounds, each interleaving row i with row i + W/2, transpose a block (an
-// exact copy: the scores read the same values as from an element-by-element transpose).
-template <int W>
-[[gnu::always_inline]] inline void transpose_keys(const float* keys, float* tile, int64_t width) {
+inline float to_float(float x) { return x; }
+inline float to_float(uint16_t x) { return bf16_to_f32(x); }
+
+// W values of the cache's dtype at p as W floats (bf16 widened exactly: its bits to the top).
+template <typename V>
+[[gnu::always_inline]] inline V widen(const float* p) {
+    return loadv<V>(p);
+}
+template <typename V>
+[[gnu::always_inline]] inline V widen(const uint16_t* p) {
+    return loadv_bf16<V>(p);
+}
+
+// tile [width][W] <- keys[jj][0 .. width) for jj < W (a key's values to one lane per key,
+// widened to float), W x W blocks in registers: log2(W) rounds, each interleaving row i with
+// row i + W/2, transpose a block (an exact copy: the scores read the same values as from an
+// element-by-element transpose).
+template <int W, typename T>
+[[gnu::always_inline]] inline void transpose_keys(const T* const* keys, float* tile, int64_t width) {
     typedef typename Lanes<W>::type V;
     int64_t c0 = 0;
     for (; c0 + W <= width; c0 += W) {
         V m[W], t[W];
-        for (int jj = 0; jj < W; ++jj) m[jj] = loadv<V>(keys + jj * width + c0);
+        for (int jj = 0; jj < W; ++jj) m[jj] = widen<V>(keys[jj] + c0);
         for (int round = 1; round < W; round *= 2) {
             for (int i = 0; i < W / 2; ++i) {
                 t[2 * i] = lo_half(m[i], m[i + W / 2]);
@@ -89,41 +99,73 @@ template <int W>
         for (int c = 0; c < W; ++c) storev<V>(tile + (c0 + c) * W, m[c]);
     }
     for (int64_t c = c0; c < width; ++c)  // a width that is not a whole number of blocks
-        for (int64_t jj = 0; jj < W; ++jj) tile[c * W + jj] = keys[jj * width + c];
+        for (int64_t jj = 0; jj < W; ++jj) tile[c * W + jj] = to_float(keys[jj][c]);
+}
+
+// acc + a * b rounded once, lane by lane (a fused multiply-add). Hw: the build's vector FMA
+// (vfmadd231ps, written as inline assembly so the shared templates need no target of their
+// own); else each lane through fmaf, which rounds the same way. So every build, whatever its
+// width, gives the same bits.
+template <bool Hw, typename V>
+[[gnu::always_inline]] inline V fused(V acc, V a, V b) {
+    if constexpr (Hw) {
+        asm("vfmadd231ps %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+    } else {
+        for (int i = 0; i < static_cast<int>(sizeof(V) / sizeof(float)); ++i)
+            acc[i] = __builtin_fmaf(a[i], b[i], acc[i]);
+    }
+    return acc;
+}
+
+// acc + x * a with the scalar x in every lane; AVX-512 reads x straight from memory ({1to16}).
+template <bool Hw, typename V>
+[[gnu::always_inline]] inline V fused_splat(V acc, V a, const float* x) {
+    if constexpr (Hw && sizeof(V) == 64) {
+        asm("vfmadd231ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(a), "m"(*x));
+        return acc;
+    } else {
+        return fused<Hw>(acc, a, splatv<V>(*x));
+    }
 }
 
 // Scores of NR query rows (same KV head) against one tile of W keys, kt [d][W]:
-// each lane adds q[c] * k[c] for c = 0 .. d-1 in order, then scales.
-template <int W, int NR>
+// each lane computes acc = fma(q[c], k[c], acc) for c = 0 .. d-1 in order, then scales.
+template <int W, bool Hw, int NR>
 [[gnu::always_inline]] inline void score_rows(const float* q, const int64_t* rows, const float* kt, int64_t d,
                        float scale, float* scores, int64_t padded, int64_t j0) {
     typedef typename Lanes<W>::type V;
     V acc[NR];
-    for (int r = 0; r < NR; ++r) acc[r] = splatv<V>(0.f);
+    const float* qr[NR];
+    for (int r = 0; r < NR; ++r) {
+        acc[r] = splatv<V>(0.f);
+        qr[r] = q + rows[r] * d;
+    }
     for (int64_t c = 0; c < d; ++c) {
         const V k = loadv<V>(kt + c * W);
-        for (int r = 0; r < NR; ++r) acc[r] += splatv<V>(q[rows[r] * d + c]) * k;
+        for (int r = 0; r < NR; ++r) acc[r] = fused_splat<Hw>(acc[r], k, qr[r] + c);
     }
     for (int r = 0; r < NR; ++r) storev<V>(scores + rows[r] * padded + j0, acc[r] * splatv<V>(scale));
 }
 
-// o[row] += sum over the nb keys of p[row][jj] * v[jj], keys in order, for NR rows of one KV
-// head; vals [nb][v_width] with this head's values at offset 0, columns c0 .. c0 + 2W.
-template <int W, int NR>
+// o[row] = fma(p[row][jj], v[jj], o[row]) over the nb keys, keys in order, for NR rows of one
+// KV head; vals[jj] + at: this head's values of key jj (the cache's dtype), columns c0 .. c0 + 2W.
+template <int W, bool Hw, int NR, typename T>
 [[gnu::always_inline]] inline void value_rows(float* o, const int64_t* rows, int64_t dv, const float* p, int64_t padded,
-                       const float* vals, int64_t v_width, int64_t nb, int64_t c0) {
+                       const T* const* vals, int64_t at, int64_t nb, int64_t c0) {
     typedef typename Lanes<W>::type V;
     V lo[NR], hi[NR];
+    const float* pr[NR];
     for (int r = 0; r < NR; ++r) {
         lo[r] = loadv<V>(o + rows[r] * dv + c0);
         hi[r] = loadv<V>(o + rows[r] * dv + c0 + W);
+        pr[r] = p + rows[r] * padded;
     }
     for (int64_t jj = 0; jj < nb; ++jj) {
-        const V a = loadv<V>(vals + jj * v_width + c0), b = loadv<V>(vals + jj * v_width + c0 + W);
+        const T* v = vals[jj] + at + c0;
+        const V a = widen<V>(v), b = widen<V>(v + W);
         for (int r = 0; r < NR; ++r) {
-            const V w = splatv<V>(p[rows[r] * padded + jj]);
-            lo[r] += w * a;
-            hi[r] += w * b;
+            lo[r] = fused_splat<Hw>(lo[r], a, pr[r] + jj);
+            hi[r] = fused_splat<Hw>(hi[r], b, pr[r] + jj);
         }
     }
     for (int r = 0; r < NR; ++r) {
@@ -134,21 +176,9 @@ template <int W, int NR>
 
 inline v8f splat(float x) { return splatv<v8f>(x); }
 
-// Values col0 .. col0 + n of row `index` (rows of `width` values of the cache dtype) widened
-// into `dst`.
-inline void load_row(const void* base, int64_t index, int64_t width, int64_t col0, int64_t n, bool bf16,
-                     float* dst) {
-    if (bf16) {
-        const uint16_t* p = static_cast<const uint16_t*>(base) + index * width + col0;
-        for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(p[i]);
-    } else {
-        std::memcpy(dst, static_cast<const float*>(base) + index * width + col0, n * sizeof(float));
-    }
-}
-
-// Per-thread working memory of attend_request_impl.
+// Per-thread working memory of attend_request_impl; `zeros`: the missing keys of a last tile.
 struct Scratch {
-    std::vector<float> scores, keys, tile, values, row_sum;
+    std::vector<float> scores, tile, row_sum, zeros;
     std::vector<int64_t> head_rows;
 };
 
@@ -179,8 +209,8 @@ struct Shapes {
 //   see adding an exact zero. Ancestors in a verify tree come in position order too, so a tree
 //   node meets the same non-zero terms in the same order as the same token decoded alone;
 // - a row's arithmetic does not depend on which other heads or rows share the call either.
-template <int W>
-[[gnu::always_inline]] inline void attend_request_impl(const Shapes& s, const float* q, float* o, const void* k_cache,
+template <int W, bool Hw, typename T>
+[[gnu::always_inline]] inline void attend_typed(const Shapes& s, const float* q, float* o, const void* k_cache,
                     const void* v_cache, const void* k_new, const void* v_new,
                     const int32_t* locs, int64_t seq_len, int64_t ext, const uint8_t* tree,
                     int64_t tree_stride, int64_t kh0, int64_t kh1) {
@@ -193,13 +223,11 @@ template <int W>
     // showed up in profiles); sized to this call, zeroed where read before written
     Scratch& buf = scratch();
     buf.scores.resize(static_cast<size_t>(rows * padded));  // rows of other heads stay unwritten
-    buf.keys.resize(static_cast<size_t>(W * k_width));
     buf.tile.resize(static_cast<size_t>(k_width * W));  // [hkv][d][key in tile]
-    buf.values.resize(static_cast<size_t>(kVBlock * v_width));
+    if (buf.zeros.size() < static_cast<size_t>(k_width)) buf.zeros.resize(static_cast<size_t>(k_width));
     float* const scores = buf.scores.data();
-    std::vector<float>& keys = buf.keys;
     std::vector<float>& tile = buf.tile;
-    std::vector<float>& values = buf.values;
+    const T* const zero_row = reinterpret_cast<const T*>(buf.zeros.data());  // all bits 0
 
     // key / value row j: (buffer, row) of this step's new rows or of the cache; these heads'
     // part of it starts at column col0(is_key) and is n(is_key) values wide
@@ -210,18 +238,17 @@ template <int W>
     };
     auto col0 = [&](bool is_key) { return kh0 * (is_key ? d : dv); };
     auto n = [&](bool is_key) { return is_key ? k_width : v_width; };
-    auto load = [&](bool is_key, int64_t j, float* dst) {
+    // these heads' part of key / value row j, read in place
+    auto row_of = [&](bool is_key, int64_t j) -> const T* {
         const auto [base, index] = where(is_key, j);
-        load_row(base, index, is_key ? k_row : v_row, col0(is_key), n(is_key), s.kv_bf16, dst);
+        return static_cast<const T*>(base) + index * (is_key ? k_row : v_row) + col0(is_key);
     };
-    // the cache lines load() will read for row j, asked for ahead of time (a request's rows sit
-    // anywhere in the pool: each is a memory latency otherwise)
-    const int64_t elem = s.kv_bf16 ? 2 : 4;
+    // the cache lines of row j's part, asked for ahead of time (a request's rows sit anywhere
+    // in the pool: each is a memory latency otherwise)
     auto prefetch = [&](bool is_key, int64_t j) {
         if (j >= seq_len) return;
-        const auto [base, index] = where(is_key, j);
-        const char* row = static_cast<const char*>(base) + (index * (is_key ? k_row : v_row) + col0(is_key)) * elem;
-        for (int64_t b = 0; b < n(is_key) * elem; b += 64) __builtin_prefetch(row + b, 0, 3);
+        const char* row = reinterpret_cast<const char*>(row_of(is_key, j));
+        for (int64_t b = 0; b < n(is_key) * static_cast<int64_t>(sizeof(T)); b += 64) __builtin_prefetch(row + b, 0, 3);
     };
     // visible(t, j) for an extend key j >= prefix
     auto sees = [&](int64_t t, int64_t j) -> bool {
@@ -239,26 +266,27 @@ template <int W>
             for (int64_t g = 0; g < group; ++g) head_rows[i++] = t * h + (kh0 + kh) * group + g;
 
     // 1. scores, a tile of W keys at a time (missing keys of the last tile are zeros)
+    const T* krows[W];
     for (int64_t j0 = 0; j0 < seq_len; j0 += W) {
         const int64_t nb = std::min<int64_t>(W, seq_len - j0);
         for (int64_t jj = 0; jj < nb; ++jj) {
             prefetch(true, j0 + jj + W);  // the next tile's key
-            load(true, j0 + jj, keys.data() + jj * k_width);
+            krows[jj] = row_of(true, j0 + jj);
         }
+        for (int64_t jj = nb; jj < W; ++jj) krows[jj] = zero_row;
         if (j0 == 0)  // the value rows of the first V block, while the scores are computed
             for (int64_t j = 0; j < std::min<int64_t>(kVBlock, seq_len); ++j) prefetch(false, j);
-        std::fill(keys.begin() + nb * k_width, keys.end(), 0.f);
-        transpose_keys<W>(keys.data(), tile.data(), k_width);
+        transpose_keys<W>(krows, tile.data(), k_width);
         for (int64_t kh = 0; kh < hkv; ++kh) {
             const float* kt = tile.data() + kh * d * W;
             const int64_t* hr = head_rows.data() + kh * per_head;
             int64_t i = 0;
             for (; i + kRows <= per_head; i += kRows)
-                score_rows<W, kRows>(q, hr + i, kt, d, s.scale, scores, padded, j0);
+                score_rows<W, Hw, kRows>(q, hr + i, kt, d, s.scale, scores, padded, j0);
             switch (per_head - i) {
-                case 3: score_rows<W, 3>(q, hr + i, kt, d, s.scale, scores, padded, j0); break;
-                case 2: score_rows<W, 2>(q, hr + i, kt, d, s.scale, scores, padded, j0); break;
-                case 1: score_rows<W, 1>(q, hr + i, kt, d, s.scale, scores, padded, j0); break;
+                case 3: score_rows<W, Hw, 3>(q, hr + i, kt, d, s.scale, scores, padded, j0); break;
+                case 2: score_rows<W, Hw, 2>(q, hr + i, kt, d, s.scale, scores, padded, j0); break;
+                case 1: score_rows<W, Hw, 1>(q, hr + i, kt, d, s.scale, scores, padded, j0); break;
                 default: break;
             }
         }
@@ -306,24 +334,25 @@ template <int W>
     //    across a block of kVBlock keys, kRows rows of one KV head sharing each value load
     for (const int64_t row : head_rows) std::memset(o + row * dv, 0, sizeof(float) * static_cast<size_t>(dv));
     const int64_t wide = dv / (2 * W) * (2 * W);
+    const T* vrows[kVBlock];
     for (int64_t j0 = 0; j0 < seq_len; j0 += kVBlock) {
         const int64_t nb = std::min<int64_t>(kVBlock, seq_len - j0);
         for (int64_t jj = 0; jj < nb; ++jj) {
             prefetch(false, j0 + jj + kVBlock);  // the next block's value
-            load(false, j0 + jj, values.data() + jj * v_width);
+            vrows[jj] = row_of(false, j0 + jj);
         }
         const float* p = scores + j0;
         for (int64_t kh = 0; kh < hkv; ++kh) {
-            const float* vals = values.data() + kh * dv;
+            const int64_t at = kh * dv;
             const int64_t* hr = head_rows.data() + kh * per_head;
             for (int64_t c0 = 0; c0 < wide; c0 += 2 * W) {
                 int64_t i = 0;
                 for (; i + kRows <= per_head; i += kRows)
-                    value_rows<W, kRows>(o, hr + i, dv, p, padded, vals, v_width, nb, c0);
+                    value_rows<W, Hw, kRows>(o, hr + i, dv, p, padded, vrows, at, nb, c0);
                 switch (per_head - i) {
-                    case 3: value_rows<W, 3>(o, hr + i, dv, p, padded, vals, v_width, nb, c0); break;
-                    case 2: value_rows<W, 2>(o, hr + i, dv, p, padded, vals, v_width, nb, c0); break;
-                    case 1: value_rows<W, 1>(o, hr + i, dv, p, padded, vals, v_width, nb, c0); break;
+                    case 3: value_rows<W, Hw, 3>(o, hr + i, dv, p, padded, vrows, at, nb, c0); break;
+                    case 2: value_rows<W, Hw, 2>(o, hr + i, dv, p, padded, vrows, at, nb, c0); break;
+                    case 1: value_rows<W, Hw, 1>(o, hr + i, dv, p, padded, vrows, at, nb, c0); break;
                     default: break;
                 }
             }
@@ -332,7 +361,7 @@ template <int W>
                 const float* pr = p + hr[i] * padded;
                 for (int64_t c = wide; c < dv; ++c) {
                     float acc = orow[c];
-                    for (int64_t jj = 0; jj < nb; ++jj) acc += pr[jj] * vals[jj * v_width + c];
+                    for (int64_t jj = 0; jj < nb; ++jj) acc = __builtin_fmaf(pr[jj], to_float(vrows[jj][at + c]), acc);
                     orow[c] = acc;
                 }
             }
@@ -345,25 +374,36 @@ template <int W>
     }
 }
 
+template <int W, bool Hw>
+[[gnu::always_inline]] inline void attend_request_impl(const Shapes& s, const float* q, float* o, const void* k_cache,
+                    const void* v_cache, const void* k_new, const void* v_new,
+                    const int32_t* locs, int64_t seq_len, int64_t ext, const uint8_t* tree,
+                    int64_t tree_stride, int64_t kh0, int64_t kh1) {
+    if (s.kv_bf16)
+        attend_typed<W, Hw, uint16_t>(s, q, o, k_cache, v_cache, k_new, v_new, locs, seq_len, ext, tree, tree_stride, kh0, kh1);
+    else
+        attend_typed<W, Hw, float>(s, q, o, k_cache, v_cache, k_new, v_new, locs, seq_len, ext, tree, tree_stride, kh0, kh1);
+}
+
 __attribute__((target("avx512f"))) void attend_request_avx512(const Shapes& s, const float* q, float* o, const void* k_cache,
                     const void* v_cache, const void* k_new, const void* v_new,
                     const int32_t* locs, int64_t seq_len, int64_t ext, const uint8_t* tree,
                     int64_t tree_stride, int64_t kh0, int64_t kh1) {
-    attend_request_impl<16>(s, q, o, k_cache, v_cache, k_new, v_new, locs, seq_len, ext, tree, tree_stride, kh0, kh1);
+    attend_request_impl<16, true>(s, q, o, k_cache, v_cache, k_new, v_new, locs, seq_len, ext, tree, tree_stride, kh0, kh1);
 }
 
-__attribute__((target("avx2"))) void attend_request_avx2(const Shapes& s, const float* q, float* o, const void* k_cache,
+__attribute__((target("avx2,fma"))) void attend_request_avx2(const Shapes& s, const float* q, float* o, const void* k_cache,
                     const void* v_cache, const void* k_new, const void* v_new,
                     const int32_t* locs, int64_t seq_len, int64_t ext, const uint8_t* tree,
                     int64_t tree_stride, int64_t kh0, int64_t kh1) {
-    attend_request_impl<8>(s, q, o, k_cache, v_cache, k_new, v_new, locs, seq_len, ext, tree, tree_stride, kh0, kh1);
+    attend_request_impl<8, true>(s, q, o, k_cache, v_cache, k_new, v_new, locs, seq_len, ext, tree, tree_stride, kh0, kh1);
 }
 
 void attend_request_default(const Shapes& s, const float* q, float* o, const void* k_cache,
                     const void* v_cache, const void* k_new, const void* v_new,
                     const int32_t* locs, int64_t seq_len, int64_t ext, const uint8_t* tree,
                     int64_t tree_stride, int64_t kh0, int64_t kh1) {
-    attend_request_impl<8>(s, q, o, k_cache, v_cache, k_new, v_new, locs, seq_len, ext, tree, tree_stride, kh0, kh1);
+    attend_request_impl<8, false>(s, q, o, k_cache, v_cache, k_new, v_new, locs, seq_len, ext, tree, tree_stride, kh0, kh1);
 }
 
 // The clone for this CPU, chosen once.
@@ -371,7 +411,8 @@ void attend_request(const Shapes& s, const float* q, float* o, const void* k_cac
                     const void* v_cache, const void* k_new, const void* v_new,
                     const int32_t* locs, int64_t seq_len, int64_t ext, const uint8_t* tree,
                     int64_t tree_stride, int64_t kh0, int64_t kh1) {
-    static const int isa = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
+    static const int isa = __builtin_cpu_supports("avx512f") ? 2
+                           : (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) ? 1 : 0;
     if (isa == 2)
         attend_request_avx512(s, q, o, k_cache, v_cache, k_new, v_new, locs, seq_len, ext, tree, tree_stride, kh0, kh1);
     else if (isa == 1)

@@ -102,8 +102,6 @@ struct Bf16 {
     }
     // fp32 -> bf16 to nearest even (torch's rounding; a NaN becomes 0x7FC0)
     [[gnu::always_inline]] static inline void put(void* y, int64_t at, v16f v, int64_t n) {
-        typedef uint32_t v16u __attribute__((vector_size(64)));
-        typedef uint16_t v16h __attribute__((vector_size(32)));
         v16u bits;
         std::memcpy(&bits, &v, sizeof bits);
         const v16h out = __builtin_convertvector(bf16_bits(bits), v16h);

@@ -216,17 +216,8 @@ void rotary(uintptr_t positions, uintptr_t q, int64_t q_stride, uintptr_t k, int
 // Columns [c0, c1) of rows [r0, r1) (c0 a multiple of 8).
 // Eight elements widened to fp32 / rounded to T and stored, lane by lane as wide() and
 // narrow<T>() do (bf16: to nearest even, a NaN to 0x7FC0); round8<T> is narrow then wide.
-typedef uint32_t v8u __attribute__((vector_size(32)));
-typedef uint16_t v8h __attribute__((vector_size(16)));
 [[gnu::always_inline]] inline v8f load8(const float* p) { return loadv<v8f>(p); }
-[[gnu::always_inline]] inline v8f load8(const uint16_t* p) {
-    v8h h;
-    std::memcpy(&h, p, sizeof h);
-    const v8u bits = __builtin_convertvector(h, v8u) << 16;
-    v8f f;
-    std::memcpy(&f, &bits, sizeof f);
-    return f;
-}
+[[gnu::always_inline]] inline v8f load8(const uint16_t* p) { return loadv_bf16<v8f>(p); }
 [[gnu::always_inline]] inline v8u bf16_bits8(v8f v) {  // the bf16 of each lane, in its low half
     v8u bits;
     std::memcpy(&bits, &v, sizeof bits);

@@ -1,4 +1,5 @@
-// Portable SIMD helpers shared by the CPU kernels: GCC vector types of 8 and 16 floats, and
+// Portable SIMD helpers shared by the CPU kernels: GCC vector types of 8 and 16 floats (and of
+// their bf16 / bit patterns), and
 // load / store / broadcast for either, bf16 <-> fp32, and exp of 8 non-positive floats. Each kernel instantiates its templates inside functions
 // built for one ISA (target attributes), so the same source compiles to ymm or zmm code.
 #pragma once
@@ -13,6 +14,10 @@ namespace rhyme_vec {
 typedef float v8f __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 typedef float v16f __attribute__((vector_size(64)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
+typedef uint16_t v8h __attribute__((vector_size(16)));
+typedef uint16_t v16h __attribute__((vector_size(32)));
 
 template <int W> struct Lanes;
 template <> struct Lanes<16> { typedef v16f type; };
@@ -50,6 +55,22 @@ template <>
     std::memcpy(&f, &bits, sizeof f);
     return f;
 }
+
+// 8 or 16 bf16 values at p as fp32 lanes (exact: each one's bits to the top half).
+template <typename H, typename U, typename V>
+[[gnu::always_inline]] inline V widen_bf16(const uint16_t* p) {
+    H h;
+    std::memcpy(&h, p, sizeof h);
+    const U bits = __builtin_convertvector(h, U) << 16;
+    V f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+}
+template <typename V> V loadv_bf16(const uint16_t* p);
+template <>
+[[gnu::always_inline]] inline v8f loadv_bf16<v8f>(const uint16_t* p) { return widen_bf16<v8h, v8u, v8f>(p); }
+template <>
+[[gnu::always_inline]] inline v16f loadv_bf16<v16f>(const uint16_t* p) { return widen_bf16<v16h, v16u, v16f>(p); }
 
 // The bf16 of fp32 bits, in the low half: to nearest even, a NaN to 0x7FC0 (torch's rule). U is
 // uint32_t or a vector of them (lane by lane); a select, not a branch, so loops vectorize.
