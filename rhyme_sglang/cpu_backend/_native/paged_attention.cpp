@@ -37,23 +37,13 @@ namespace {
 
 using namespace rhyme_vec;
 
-constexpr int kBlock = 8;    // floats in a v8f
 constexpr int kVBlock = 64;  // keys of one V block (their rows found once; the next block prefetched)
 constexpr int kRows = 4;     // query rows of one KV head computed together (sharing loads)
-// The score tile (keys, one per lane) and the V-sum column block are W lanes (Lanes<W>, vec.h)
-// wide: 16 where
-// the CPU has AVX-512 (one zmm), 8 on AVX2 (one ymm: 16-lane vectors there split in two and
-// their accumulators spill, measured 5-9x slower on an AVX2 EPYC). Lanes never mix: a key's
-// score and a column's V sum run in the same order whatever W is, so the bits do not change.
-
-
-inline v8f load8(const float* p) {
-    v8f x;
-    std::memcpy(&x, p, sizeof x);
-    return x;
-}
-
-inline void store8(float* p, v8f x) { std::memcpy(p, &x, sizeof x); }
+// The score tile (keys, one per lane), the V-sum column block and the softmax's row maximum and
+// exp are W lanes (Lanes<W>, vec.h) wide: 16 where the CPU has AVX-512 (one zmm), 8 on AVX2
+// (one ymm: 16-lane vectors there split in two and their accumulators spill, measured 5-9x
+// slower on an AVX2 EPYC). Lanes never mix: a key's score and a column's V sum run in the same
+// order whatever W is, so the bits do not change.
 
 // Lanes i of a and b interleaved: the first halves (lo) or the second halves (hi).
 [[gnu::always_inline]] inline v16f lo_half(v16f a, v16f b) {
@@ -174,7 +164,21 @@ template <int W, bool Hw, int NR, typename T>
     }
 }
 
-inline v8f splat(float x) { return splatv<v8f>(x); }
+
+// The largest of x[0 .. n) (n a multiple of W), W lanes at a time; a NaN never wins (each step
+// keeps the larger by `>`, as a scalar loop would), so the result is the exact maximum.
+template <int W>
+[[gnu::always_inline]] inline float row_max(const float* x, int64_t n) {
+    typedef typename Lanes<W>::type V;
+    V m = splatv<V>(-std::numeric_limits<float>::infinity());
+    for (int64_t j = 0; j < n; j += W) {
+        const V v = loadv<V>(x + j);
+        m = v > m ? v : m;
+    }
+    float out = -std::numeric_limits<float>::infinity();
+    for (int i = 0; i < W; ++i) out = m[i] > out ? m[i] : out;
+    return out;
+}
 
 // Per-thread working memory of attend_request_impl; `zeros`: the missing keys of a last tile.
 struct Scratch {
@@ -301,14 +305,14 @@ template <int W, bool Hw, typename T>
             for (int64_t j = 0; j < seq_len; ++j) sc[j] = s.logit_cap * std::tanh(sc[j] / s.logit_cap);
         for (int64_t j = std::max<int64_t>(prefix, 0); j < seq_len; ++j)
             if (!sees(t, j)) sc[j] = -std::numeric_limits<float>::infinity();
-        float mx = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < seq_len; ++j) mx = sc[j] > mx ? sc[j] : mx;
+        for (int64_t j = seq_len; j < padded; ++j) sc[j] = -std::numeric_limits<float>::infinity();
+        const float mx = row_max<W>(sc, padded);
         if (mx == -std::numeric_limits<float>::infinity()) {  // sees nothing: zeros
             std::fill(sc, sc + padded, 0.f);
             continue;
         }
-        for (int64_t j = seq_len; j < padded; ++j) sc[j] = -std::numeric_limits<float>::infinity();
-        for (int64_t j = 0; j < padded; j += kBlock) store8(sc + j, exp8(load8(sc + j) - splat(mx)));
+        typedef typename Lanes<W>::type V;
+        for (int64_t j = 0; j < padded; j += W) storev<V>(sc + j, expv<V>(loadv<V>(sc + j) - splatv<V>(mx)));
     }
     // each row's sum in key order; four rows at once so their add chains overlap
     for (int64_t i0 = 0; i0 < mine; i0 += 4) {

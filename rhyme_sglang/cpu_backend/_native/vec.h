@@ -14,6 +14,7 @@ namespace rhyme_vec {
 typedef float v8f __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 typedef float v16f __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
 typedef uint32_t v8u __attribute__((vector_size(32)));
 typedef uint32_t v16u __attribute__((vector_size(64)));
 typedef uint16_t v8h __attribute__((vector_size(16)));
@@ -22,6 +23,9 @@ typedef uint16_t v16h __attribute__((vector_size(32)));
 template <int W> struct Lanes;
 template <> struct Lanes<16> { typedef v16f type; };
 template <> struct Lanes<8> { typedef v8f type; };
+template <typename V> struct IntLanes;  // the int32 vector as wide as V
+template <> struct IntLanes<v8f> { typedef v8i type; };
+template <> struct IntLanes<v16f> { typedef v16i type; };
 
 template <typename V>
 [[gnu::always_inline]] inline V loadv(const float* p) {
@@ -91,27 +95,31 @@ template <typename U>
 
 // exp(x) lane by lane for x <= 0 (scores minus their row maximum): Cody-Waite reduction to
 // r in [-ln2/2, ln2/2], a degree-6 Taylor polynomial (relative error ~1e-7), and the power of
-// two through the exponent bits; x below -87 gives 0. Each lane's result depends only on its x.
-[[gnu::always_inline]] inline v8f exp8(v8f x) {
-    const v8f lo = splatv<v8f>(-87.f);
-    v8i dead = x < lo;
+// two through the exponent bits; x below -87 gives 0. Each lane's result depends only on its x,
+// so the 8- and 16-lane forms agree lane for lane (built without FMA contraction).
+template <typename V>
+[[gnu::always_inline]] inline V expv(V x) {
+    typedef typename IntLanes<V>::type I;
+    const V lo = splatv<V>(-87.f);
+    const I dead = x < lo;
     x = x < lo ? lo : x;
-    const v8f shift = splatv<v8f>(12582912.f);  // 1.5 * 2^23: adding it rounds to an integer
-    v8f n = (x * splatv<v8f>(1.44269504088896341f) + shift) - shift;
-    v8f r = x - n * splatv<v8f>(0.693359375f);
-    r = r - n * splatv<v8f>(-2.12194440e-4f);
-    v8f p = splatv<v8f>(1.f / 720.f);
-    p = p * r + splatv<v8f>(1.f / 120.f);
-    p = p * r + splatv<v8f>(1.f / 24.f);
-    p = p * r + splatv<v8f>(1.f / 6.f);
-    p = p * r + splatv<v8f>(0.5f);
-    p = p * r + splatv<v8f>(1.f);
-    p = p * r + splatv<v8f>(1.f);
-    v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
-    v8f scale;
+    const V shift = splatv<V>(12582912.f);  // 1.5 * 2^23: adding it rounds to an integer
+    const V n = (x * splatv<V>(1.44269504088896341f) + shift) - shift;
+    V r = x - n * splatv<V>(0.693359375f);
+    r = r - n * splatv<V>(-2.12194440e-4f);
+    V p = splatv<V>(1.f / 720.f);
+    p = p * r + splatv<V>(1.f / 120.f);
+    p = p * r + splatv<V>(1.f / 24.f);
+    p = p * r + splatv<V>(1.f / 6.f);
+    p = p * r + splatv<V>(0.5f);
+    p = p * r + splatv<V>(1.f);
+    p = p * r + splatv<V>(1.f);
+    const I bits = (__builtin_convertvector(n, I) + 127) << 23;
+    V scale;
     std::memcpy(&scale, &bits, sizeof scale);
-    v8f out = p * scale;
-    return dead ? splatv<v8f>(0.f) : out;
+    const V out = p * scale;
+    return dead ? splatv<V>(0.f) : out;
 }
+[[gnu::always_inline]] inline v8f exp8(v8f x) { return expv<v8f>(x); }
 
 }  // namespace rhyme_vec
