@@ -57,11 +57,21 @@ using namespace rhyme_vec;
 // 5: the AVX-512 build prefetches both cache lines of a step (it prefetched the first only:
 // issue 52, 2-core avx512_bf16 EPYC, SmolLM2's 30 layers streamed, 2 threads, in-process A/B:
 // bf16 1 / 8 / 16 rows 9.1 / 10.7 / 18.3 -> 7.6 / 7.9 / 12.4 ms, fp32 16.1 / 18.6 / 35.1 ->
-// 14.8 / 14.2 / 23.6 ms); 6: up to pair_rows() rows take two panels at a time.
-constexpr int kRevision = 6;
+// 14.8 / 14.2 / 23.6 ms); 6: up to pair_rows() rows take two panels at a time; 7: no blocks of
+// k on AVX-512 (blocked_rows()).
+constexpr int kRevision = 7;
 constexpr int64_t kAhead = 32;  // k steps of the panel stream prefetched ahead
 constexpr int64_t kBlock = 32;  // k steps of a panel that every row tile passes before the next
 constexpr int64_t kMaxBlockedRows = 24;  // more rows than this run each tile over the whole of k
+
+// Rows up to which the tiles take turns over blocks of k (run_panels): kMaxBlockedRows with
+// AVX2's 6-row tiles, where the blocks were measured to pay, none with AVX-512's 12-row tiles.
+// On a 2-core avx512_bf16 EPYC (SmolLM2's 30 layers and lm_head streamed, 2 threads, two
+// alternated rounds) the blocks made 16 / 18 / 24 rows slower: bf16 17.5-18.3 / 19.1-20.8 /
+// 25.0-26.5 ms against 15.3-16.1 / 16.8-17.6 / 21.2-23.1 without, fp32 34.8-39.3 / 37.4-43.3 /
+// 50.3-52.0 against 28.5-29.6 / 31.3-31.4 / 40.1-40.6; 9-12 and 36 rows the same either way.
+template <int W>
+constexpr int64_t blocked_rows() { return W == 16 ? 0 : kMaxBlockedRows; }
 
 // In 32-bit words: a step of k is one word of x and one word per panel column (fp32: one k;
 // bf16: a pair of k), so the fp32 and bf16 products share the layout and the loops below.
@@ -227,7 +237,7 @@ template <int W, int NR, typename S>
     }
 }
 
-// Panels [p0, p1) for every row. With more rows than one tile (up to kMaxBlockedRows), every
+// Panels [p0, p1) for every row. With more rows than one tile (up to blocked_rows()), every
 // tile passes a block of kBlock steps of k (a few KB of the panel, found in L1 by all but the
 // first tile) before any goes on, keeping its sums in `sums` between blocks: the first tile's
 // prefetches then stream the panel from memory while the others compute, instead of memory
@@ -251,7 +261,7 @@ template <int W, int NR, typename S = Fp32>
             }
         }
     }
-    const int64_t block = (p.m > NR && p.m <= kMaxBlockedRows) ? kBlock : p.k;
+    const int64_t block = (p.m > NR && p.m <= blocked_rows<W>()) ? kBlock : p.k;
     alignas(64) float sums[kMaxBlockedRows * P];
     for (int64_t pi = p0; pi < p1; ++pi) {
         const float* panel = p.panels + pi * p.k * P;
