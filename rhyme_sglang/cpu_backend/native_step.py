@@ -41,6 +41,15 @@ _FP32 = {torch.bfloat16: torch.float32}
 _COLUMN_DTYPES = ({}, {}) + (_PANELS, _FP32) * 4 + ({}, {})
 
 
+def revisions() -> str:
+    """The native kernels' revisions (GEMM, attention) and ISA, or ``"none"`` where the
+    modules are not built: what a CPU step's measured cost depends on besides the machine."""
+    if _native is None:
+        return "none"
+    return (f"gemm-r{getattr(_rhyme_gemm, 'revision', 0)}-attention-r"
+            f"{getattr(_rhyme_attention, 'revision', 1)}-{_rhyme_gemm.isa()}")
+
+
 def takes_bf16() -> bool:
     """Whether the built decoder step runs bf16 models (its products need avx512_bf16)."""
     return _native is not None and getattr(_native, "BF16", False) and linear.native_bf16()

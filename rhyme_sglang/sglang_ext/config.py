@@ -91,9 +91,9 @@ class RhymeConfig:
         "prompt's group goes whole); 0: SGLang's admission")
     cost_cache: bool = _opt(
         True, "1: the cost model starts from the step costs an earlier engine measured on this "
-        "machine, model shape, dtype and threads, and saves its own (every 30 s while decoding "
-        "and at shutdown) in $RHYME_STEP_COSTS, default ~/.cache/rhyme_sglang/step_costs.json; "
-        "0: start cold")
+        "machine, model shape, dtype, threads and (CPU) kernel revisions, and saves its own "
+        "(every 30 s while decoding and at shutdown) in $RHYME_STEP_COSTS, default "
+        "~/.cache/rhyme_sglang/step_costs.json; 0: start cold")
     horizon: bool = _opt(
         True, "1: the cost model counts a step's tokens only as far as they shorten the "
         "rollout's critical path (the longest predicted remainder, the waiting queue's "

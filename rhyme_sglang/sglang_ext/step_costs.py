@@ -7,8 +7,9 @@ a side-by-side or a restarted engine does not live long enough to amortise that.
 
 * A RHYME engine with the cost model on keeps its table in ``step_costs.json`` under the cache
   root (:func:`rhyme_sglang.settings.cache_root`; ``RHYME_STEP_COSTS`` names another file).
-  The next engine with the same machine, model shape, dtype, threads (torch and kernel) and
-  device starts from it (:meth:`SpecCostModel.seed`) and keeps measuring: every step moves its
+  The next engine with the same machine, model shape, dtype, threads (torch and kernel),
+  device and, on CPU, native kernel revisions (``native_step.revisions()``) starts from it
+  (:meth:`SpecCostModel.seed`) and keeps measuring: every step moves its
   cell (an EMA), so a stale table corrects itself. What it saves is the exploration.
 * Each cell is saved with its forward rows per request (a per-request verify runs fewer nodes
   than its width; a table without them prices a verify row at a fraction of its cost).
@@ -51,14 +52,17 @@ def cache_path() -> Path:
     return Path(explicit).expanduser() if explicit else cache_root() / "step_costs.json"
 
 
-def table_key(model_shape: dict, dtype: str, threads, device: str) -> str:
+def table_key(model_shape: dict, dtype: str, threads, device: str, kernels: str = "") -> str:
     """This machine (CPU model, flags, torch), the model's shape, dtype, threads (torch's, or
-    ``"torch/kernel"``), device."""
+    ``"torch/kernel"``), device, and on CPU the native kernels' revisions (a kernel change
+    starts a new entry instead of seeding from costs it changed)."""
     from rhyme_sglang.machine import machine_key
 
-    text = json.dumps({"machine": machine_key(), "model": model_shape, "dtype": str(dtype),
-                       "threads": str(threads), "device": device, "format": FORMAT},
-                      sort_keys=True)
+    fields = {"machine": machine_key(), "model": model_shape, "dtype": str(dtype),
+              "threads": str(threads), "device": device, "format": FORMAT}
+    if kernels:
+        fields["kernels"] = kernels
+    text = json.dumps(fields, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
@@ -167,9 +171,14 @@ class StepCostCache:
         # a verify's cost depends on both: its GEMMs run on the kernels' threads (costs saved
         # with 1 kernel thread price a 2-thread engine's verifies too high)
         threads = f"{torch.get_num_threads()}/{kernel_threads()}"
-        return cls(table_key(shape, server_args.dtype, threads, device),
+        kernels = ""
+        if device == "cpu":
+            from rhyme_sglang.cpu_backend.native_step import revisions
+
+            kernels = revisions()
+        return cls(table_key(shape, server_args.dtype, threads, device, kernels),
                    about={"model": shape, "dtype": str(server_args.dtype), "threads": threads,
-                          "device": device})
+                          "device": device, "kernels": kernels})
 
     def seed(self, cost_model) -> int:
         entry = _read_all(cache_path()).get(self.key)  # one read for both fields

@@ -163,7 +163,9 @@ def test_key_depends_on_what_sets_the_cost():
     assert key == step_costs.table_key(dict(shape), "float32", 1, "cpu")
     assert len({key, step_costs.table_key(shape, "bfloat16", 1, "cpu"),
                 step_costs.table_key(shape, "float32", 2, "cpu"),
-                step_costs.table_key({**shape, "num_hidden_layers": 2}, "float32", 1, "cpu")}) == 4
+                step_costs.table_key({**shape, "num_hidden_layers": 2}, "float32", 1, "cpu"),
+                step_costs.table_key(shape, "float32", 1, "cpu", "gemm-r7-attention-r2-avx512"),
+                step_costs.table_key(shape, "float32", 1, "cpu", "gemm-r8-attention-r2-avx512")}) == 6
     # entries saved before cells kept their rows / were context-free are not read
     step_costs.FORMAT, saved = 1, step_costs.FORMAT
     try:
@@ -189,8 +191,11 @@ def test_an_engines_entry_from_its_server_args_and_model_runner():
     assert cache.about["model"] == {"model_type": "qwen2", "hidden_size": 128,
                                     "num_hidden_layers": 2}
     assert cache.about["device"] == "cpu" and cache.about["dtype"] == "float32"
+    from rhyme_sglang.cpu_backend.native_step import revisions
+
+    assert cache.about["kernels"] == revisions()  # a kernel change, another entry
     assert cache.key == step_costs.table_key(cache.about["model"], "float32",
-                                             cache.about["threads"], "cpu")
+                                             cache.about["threads"], "cpu", revisions())
     from rhyme_sglang import machine
 
     machine.set_kernel_threads(machine.kernel_threads() + 1)  # other kernel threads, other entry

@@ -37,6 +37,9 @@ namespace {
 
 using namespace rhyme_vec;
 
+// Bumped when the kernel's speed changes (saved step costs key on it). 2: rows read in place,
+// fused multiply-adds, the softmax W lanes at a time.
+constexpr int kRevision = 2;
 constexpr int kVBlock = 64;  // keys of one V block (their rows found once; the next block prefetched)
 constexpr int kRows = 4;     // query rows of one KV head computed together (sharing loads)
 // The score tile (keys, one per lane), the V-sum column block and the softmax's row maximum and
@@ -569,4 +572,5 @@ PYBIND11_MODULE(_rhyme_attention, m) {
     m.def("store_kv", &store_kv);
     m.def("copy_rows", &copy_rows);
     m.attr("_kernels") = py::capsule(&kKernels, "rhyme_kernels::Attention");
+    m.attr("revision") = kRevision;
 }
