@@ -61,16 +61,6 @@ constexpr int kRows = 4;     // query rows of one KV head computed together (sha
 inline float to_float(float x) { return x; }
 inline float to_float(uint16_t x) { return bf16_to_f32(x); }
 
-// W values of the cache's dtype at p as W floats (bf16 widened exactly: its bits to the top).
-template <typename V>
-[[gnu::always_inline]] inline V widen(const float* p) {
-    return loadv<V>(p);
-}
-template <typename V>
-[[gnu::always_inline]] inline V widen(const uint16_t* p) {
-    return loadv_bf16<V>(p);
-}
-
 // tile [width][W] <- keys[jj][0 .. width) for jj < W (a key's values to one lane per key,
 // widened to float), W x W blocks in registers: log2(W) rounds, each interleaving row i with
 // row i + W/2, transpose a block (an exact copy: the scores read the same values as from an
@@ -81,7 +71,7 @@ template <int W, typename T>
     int64_t c0 = 0;
     for (; c0 + W <= width; c0 += W) {
         V m[W], t[W];
-        for (int jj = 0; jj < W; ++jj) m[jj] = widen<V>(keys[jj] + c0);
+        for (int jj = 0; jj < W; ++jj) m[jj] = load_as_f32<V>(keys[jj] + c0);
         for (int round = 1; round < W; round *= 2) {
             for (int i = 0; i < W / 2; ++i) {
                 t[2 * i] = lo_half(m[i], m[i + W / 2]);
@@ -155,7 +145,7 @@ template <int W, bool Hw, int NR, typename T>
     }
     for (int64_t jj = 0; jj < nb; ++jj) {
         const T* v = vals[jj] + at + c0;
-        const V a = widen<V>(v), b = widen<V>(v + W);
+        const V a = load_as_f32<V>(v), b = load_as_f32<V>(v + W);
         for (int r = 0; r < NR; ++r) {
             lo[r] = fused_splat<Hw>(lo[r], a, pr[r] + jj);
             hi[r] = fused_splat<Hw>(hi[r], b, pr[r] + jj);

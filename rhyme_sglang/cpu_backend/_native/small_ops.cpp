@@ -216,8 +216,8 @@ void rotary(uintptr_t positions, uintptr_t q, int64_t q_stride, uintptr_t k, int
 // Columns [c0, c1) of rows [r0, r1) (c0 a multiple of 8).
 // Eight elements widened to fp32 / rounded to T and stored, lane by lane as wide() and
 // narrow<T>() do (bf16: to nearest even, a NaN to 0x7FC0); round8<T> is narrow then wide.
-[[gnu::always_inline]] inline v8f load8(const float* p) { return loadv<v8f>(p); }
-[[gnu::always_inline]] inline v8f load8(const uint16_t* p) { return loadv_bf16<v8f>(p); }
+template <typename T>
+[[gnu::always_inline]] inline v8f load8(const T* p) { return load_as_f32<v8f>(p); }
 [[gnu::always_inline]] inline v8u bf16_bits8(v8f v) {  // the bf16 of each lane, in its low half
     v8u bits;
     std::memcpy(&bits, &v, sizeof bits);

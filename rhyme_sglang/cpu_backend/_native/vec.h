@@ -76,6 +76,13 @@ template <>
 template <>
 [[gnu::always_inline]] inline v16f loadv_bf16<v16f>(const uint16_t* p) { return widen_bf16<v16h, v16u, v16f>(p); }
 
+// A vector of fp32 lanes from fp32 or bf16 elements, by the pointer's type (kernels templated
+// on their rows' element type).
+template <typename V>
+[[gnu::always_inline]] inline V load_as_f32(const float* p) { return loadv<V>(p); }
+template <typename V>
+[[gnu::always_inline]] inline V load_as_f32(const uint16_t* p) { return loadv_bf16<V>(p); }
+
 // The bf16 of fp32 bits, in the low half: to nearest even, a NaN to 0x7FC0 (torch's rule). U is
 // uint32_t or a vector of them (lane by lane); a select, not a branch, so loops vectorize.
 template <typename U>
