@@ -37,6 +37,7 @@ ATTENTION_IMPLS = ("auto", "native", "torch")
 SMALL_OPS_MODES = ("native", "torch")
 SAMPLING_IMPLS = ("inverse_cdf", "torch")
 MALLOC_MODES = ("keep", "glibc")
+HUGEPAGE_MODES = ("on", "off")
 START_METHODS = ("auto", "forkserver", "spawn")
 BACKEND_SWITCH = ("1", "0")
 
@@ -77,6 +78,7 @@ class Settings:
     cpu_small_ops: str = "native"  # RHYME_CPU_SMALL_OPS: native RMSNorm / rotary / SiLU
     cpu_sampling: str = "inverse_cdf"  # RHYME_CPU_SAMPLING
     cpu_malloc: str = "keep"  # RHYME_CPU_MALLOC: keep freed memory, or glibc's default
+    cpu_hugepages: str = "on"  # RHYME_CPU_HUGEPAGES: weight panels on transparent huge pages
     cpu_threads: Optional[int] = None  # RHYME_CPU_THREADS: the scheduler's torch threads
     kernel_threads: Optional[int] = None  # RHYME_KERNEL_THREADS: the native kernels' threads
     gemm_probe: Optional[str] = None  # RHYME_GEMM_PROBE: "float32=50,bfloat16=6" GFLOP/s
@@ -99,6 +101,7 @@ class Settings:
             cpu_small_ops=_choice(env, "RHYME_CPU_SMALL_OPS", SMALL_OPS_MODES),
             cpu_sampling=_choice(env, "RHYME_CPU_SAMPLING", SAMPLING_IMPLS),
             cpu_malloc=_choice(env, "RHYME_CPU_MALLOC", MALLOC_MODES),
+            cpu_hugepages=_choice(env, "RHYME_CPU_HUGEPAGES", HUGEPAGE_MODES),
             cpu_threads=_threads(env, "RHYME_CPU_THREADS"),
             kernel_threads=_threads(env, "RHYME_KERNEL_THREADS"),
             gemm_probe=_text(env, "RHYME_GEMM_PROBE"),

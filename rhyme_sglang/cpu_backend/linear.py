@@ -48,6 +48,8 @@ import torch.nn.functional as F
 from rhyme_sglang import settings as _settings
 from rhyme_sglang.machine import kernel_threads
 
+from . import hugepages
+
 logger = logging.getLogger(__name__)
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # rows; a call uses the first bucket >= its rows
@@ -119,13 +121,13 @@ def native_pack(weight: torch.Tensor) -> Optional[torch.Tensor]:
     width = _native.panel_width()
     src = weight.detach().contiguous()
     if weight.dtype == torch.float32:
-        panels = torch.empty(-(-out_features // width) * width * in_features)
+        panels = hugepages.empty(-(-out_features // width) * width * in_features, torch.float32)
         _native.pack(src.data_ptr(), panels.data_ptr(), out_features, in_features)
         return panels
     if weight.dtype != torch.bfloat16 or not native_bf16() or in_features % 2:
         return None
     # [out_pad / width][in / 2][width] words, each two bf16 of neighbouring inputs
-    panels = torch.empty(-(-out_features // width) * width * (in_features // 2), dtype=torch.int32)
+    panels = hugepages.empty(-(-out_features // width) * width * (in_features // 2), torch.int32)
     _native.pack_bf16(src.data_ptr(), panels.data_ptr(), out_features, in_features)
     return panels
 
@@ -276,7 +278,7 @@ def kernel_choice(out_features: int, in_features: int, dtype: torch.dtype,
     key = "|".join([machine_key(), MEASURE_METHOD, f"{torch.get_num_threads()}/{kernel_threads()}",
                     str(dtype).removeprefix("torch."),
                     str(out_features), str(in_features), ",".join(map(str, BUCKETS)),
-                    ",".join(KERNELS), f"native-r{getattr(_native, 'revision', 0)}"])
+                    ",".join(KERNELS), f"native-r{getattr(_native, 'revision', 0)}", hugepages.mode()])
     if key in _choices:
         return _choices[key]
     cache = cache_path() if cache is None else cache

@@ -19,7 +19,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from rhyme_sglang.cpu_backend import linear, small_ops
+from rhyme_sglang.cpu_backend import hugepages, linear, small_ops
 from rhyme_sglang import settings as _settings
 from rhyme_sglang.machine import kernel_threads
 
@@ -42,12 +42,13 @@ _COLUMN_DTYPES = ({}, {}) + (_PANELS, _FP32) * 4 + ({}, {})
 
 
 def revisions() -> str:
-    """The native kernels' revisions (GEMM, attention) and ISA, or ``"none"`` where the
-    modules are not built: what a CPU step's measured cost depends on besides the machine."""
+    """The native kernels' revisions (GEMM, attention), ISA and the panels' page size
+    (:func:`hugepages.mode`), or ``"none"`` where the modules are not built: what a CPU step's
+    measured cost depends on besides the machine."""
     if _native is None:
         return "none"
     return (f"gemm-r{getattr(_rhyme_gemm, 'revision', 0)}-attention-r"
-            f"{getattr(_rhyme_attention, 'revision', 1)}-{_rhyme_gemm.isa()}")
+            f"{getattr(_rhyme_attention, 'revision', 1)}-{_rhyme_gemm.isa()}-{hugepages.mode()}")
 
 
 def takes_bf16() -> bool:
