@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "kernels.h"
@@ -203,80 +204,99 @@ void rotary(uintptr_t positions, uintptr_t q, int64_t q_stride, uintptr_t k, int
 }
 
 // SiLU-and-mul of a fused gate/up row: out[r][i] = silu(x[r][i]) * x[r][d + i], with
-// silu(g) = g * sigmoid(g) and sigmoid from e = exp(-|g|) (exp8 of vec.h, ~1e-7 relative), so
+// silu(g) = g * sigmoid(g) and sigmoid from e = exp(-|g|) (expv of vec.h, ~1e-7 relative), so
 // nothing overflows: 1 / (1 + e) for g >= 0, e / (1 + e) below. Each element depends only on
-// its own two inputs. In bf16, as F.silu(gate) * up on bf16 tensors: silu rounded, then the
-// product. Eight at a time; a row's tail goes through the same vector code, lanes unused.
-[[gnu::always_inline]] inline v8f silu8(v8f g) {
-    const v8f zero = splatv<v8f>(0.f), one = splatv<v8f>(1.f);
-    const v8f e = exp8(g < zero ? g : -g);
+// its own two inputs, and every lane runs the same operations (this file is built without FMA
+// contraction), so the 8-lane (AVX2, portable) and 16-lane (AVX-512) builds give the same
+// bits. In bf16, as F.silu(gate) * up on bf16 tensors: silu rounded, then the product. A row's
+// tail goes through the same vector code, lanes unused.
+template <typename V>
+[[gnu::always_inline]] inline V siluv(V g) {
+    const V zero = splatv<V>(0.f), one = splatv<V>(1.f);
+    const V e = expv<V>(g < zero ? g : -g);
     return g * (g >= zero ? one / (one + e) : e / (one + e));
 }
 
-// Columns [c0, c1) of rows [r0, r1) (c0 a multiple of 8).
-// Eight elements widened to fp32 / rounded to T and stored, lane by lane as wide() and
-// narrow<T>() do (bf16: to nearest even, a NaN to 0x7FC0); round8<T> is narrow then wide.
-template <typename T>
-[[gnu::always_inline]] inline v8f load8(const T* p) { return load_as_f32<v8f>(p); }
-[[gnu::always_inline]] inline v8u bf16_bits8(v8f v) {  // the bf16 of each lane, in its low half
-    v8u bits;
+// The uint32 and bf16 vectors as wide as V.
+template <typename V> struct Bits;
+template <> struct Bits<v8f> { typedef v8u U; typedef v8h H; };
+template <> struct Bits<v16f> { typedef v16u U; typedef v16h H; };
+
+// Lanes widened to fp32 / rounded to T and stored, lane by lane as wide() and narrow<T>() do
+// (bf16: to nearest even, a NaN to 0x7FC0); roundv<T> is narrow then wide.
+template <typename V>
+[[gnu::always_inline]] inline typename Bits<V>::U bf16_lanes(V v) {  // each lane's bf16, low half
+    typename Bits<V>::U bits;
     std::memcpy(&bits, &v, sizeof bits);
     return bf16_bits(bits);
 }
-[[gnu::always_inline]] inline void store8(float* p, v8f v) { storev<v8f>(p, v); }
-[[gnu::always_inline]] inline void store8(uint16_t* p, v8f v) {
-    const v8h h = __builtin_convertvector(bf16_bits8(v), v8h);
+template <typename V>
+[[gnu::always_inline]] inline void storev_as(float* p, V v) { storev<V>(p, v); }
+template <typename V>
+[[gnu::always_inline]] inline void storev_as(uint16_t* p, V v) {
+    const typename Bits<V>::H h = __builtin_convertvector(bf16_lanes(v), typename Bits<V>::H);
     std::memcpy(p, &h, sizeof h);
 }
-template <typename T> [[gnu::always_inline]] inline v8f round8(v8f v);
-template <> [[gnu::always_inline]] inline v8f round8<float>(v8f v) { return v; }
-template <> [[gnu::always_inline]] inline v8f round8<uint16_t>(v8f v) {
-    const v8u bits = bf16_bits8(v) << 16;
-    v8f f;
-    std::memcpy(&f, &bits, sizeof f);
-    return f;
+template <typename T, typename V>
+[[gnu::always_inline]] inline V roundv(V v) {
+    if constexpr (std::is_same_v<T, float>) {
+        return v;
+    } else {
+        const typename Bits<V>::U bits = bf16_lanes(v) << 16;
+        V f;
+        std::memcpy(&f, &bits, sizeof f);
+        return f;
+    }
 }
 
-template <typename T>
+// Columns [c0, c1) of rows [r0, r1) (c0 a multiple of V's lanes).
+template <typename T, typename V>
 [[gnu::always_inline]] inline void silu_mul_block(const T* x, T* out, int64_t d, int64_t r0, int64_t r1, int64_t c0,
                                                   int64_t c1) {
+    constexpr int64_t L = sizeof(V) / sizeof(float);
     for (int64_t r = r0; r < r1; ++r) {
         const T* gate = x + r * 2 * d;
         const T* up = gate + d;
         T* o = out + r * d;
         int64_t i = c0;
-        for (; i + 8 <= c1; i += 8)  // whole groups in vector registers
-            store8(o + i, round8<T>(silu8(load8(gate + i))) * load8(up + i));
+        for (; i + L <= c1; i += L)  // whole groups in vector registers
+            storev_as<V>(o + i, roundv<T, V>(siluv<V>(load_as_f32<V>(gate + i))) * load_as_f32<V>(up + i));
         if (i < c1) {  // the tail: zero-padded copies through the same line, lanes past it unused
-            T g[8] = {}, u[8] = {}, out8[8];
+            T g[L] = {}, u[L] = {}, out_l[L];
             std::copy(gate + i, gate + c1, g);
             std::copy(up + i, up + c1, u);
-            store8(out8, round8<T>(silu8(load8(g))) * load8(u));
-            std::copy(out8, out8 + (c1 - i), o + i);
+            storev_as<V>(out_l, roundv<T, V>(siluv<V>(load_as_f32<V>(g))) * load_as_f32<V>(u));
+            std::copy(out_l, out_l + (c1 - i), o + i);
         }
     }
 }
 
 template <typename T>
+__attribute__((target("avx512f"))) void silu_mul_avx512(const T* x, T* out, int64_t d, int64_t r0, int64_t r1,
+                                                        int64_t c0, int64_t c1) {
+    silu_mul_block<T, v16f>(x, out, d, r0, r1, c0, c1);
+}
+
+template <typename T>
 __attribute__((target("avx2"))) void silu_mul_avx2(const T* x, T* out, int64_t d, int64_t r0, int64_t r1, int64_t c0,
                                                    int64_t c1) {
-    silu_mul_block(x, out, d, r0, r1, c0, c1);
+    silu_mul_block<T, v8f>(x, out, d, r0, r1, c0, c1);
 }
 
 template <typename T>
 void silu_mul_default(const T* x, T* out, int64_t d, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-    silu_mul_block(x, out, d, r0, r1, c0, c1);
+    silu_mul_block<T, v8f>(x, out, d, r0, r1, c0, c1);
 }
 
-constexpr int64_t kSiluChunk = 256;           // columns of a part (a multiple of 8)
+constexpr int64_t kSiluChunk = 256;           // columns of a part (a multiple of 16)
 
 // Each element depends only on its own two inputs, so the split into parts (rows x column
 // chunks, on up to `threads` threads) does not change a bit.
 template <typename T>
 void silu_mul_kernel(const T* x, T* out, int64_t rows, int64_t d, int64_t threads) {
     if (rows < 0 || d <= 0) throw std::invalid_argument("silu_mul needs rows >= 0 and d > 0");
-    static const bool avx2 = __builtin_cpu_supports("avx2");
-    const auto block = avx2 ? silu_mul_avx2<T> : silu_mul_default<T>;
+    static const bool avx512 = __builtin_cpu_supports("avx512f"), avx2 = __builtin_cpu_supports("avx2");
+    const auto block = avx512 ? silu_mul_avx512<T> : avx2 ? silu_mul_avx2<T> : silu_mul_default<T>;
     if (rows * d < kOneThread || threads <= 1) {
         block(x, out, d, 0, rows, 0, d);
         return;
