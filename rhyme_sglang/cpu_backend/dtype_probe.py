@@ -18,20 +18,20 @@ import time
 
 import torch
 
-from rhyme_sglang.cpu_backend import hugepages, linear, native_step
+from rhyme_sglang.cpu_backend import linear, native_step
 
 # (out, in) of one SmolLM2-135M decoder layer's fused linears: qkv, o, gate_up, down
 LAYER_SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))
 
 
 def revision() -> str:
-    """What the probe's figures depend on besides the machine: the native kernels' revision,
-    whether bf16 decodes natively and the panels' page size (a kernel change measures again)."""
-    native = linear._native
-    if native is None:
+    """What the probe's figures depend on besides the machine: the native kernels' revisions,
+    ISA and page size (:func:`native_step.revisions`) and whether bf16 decodes natively (a
+    kernel change measures again)."""
+    kernels = native_step.revisions()
+    if kernels == "none" or linear._native is None:
         return "native-none"
-    return (f"native-r{native.revision}-{native.isa()}-bf16{int(decodes_natively('bfloat16'))}"
-            f"-{hugepages.mode()}")
+    return f"{kernels}-bf16{int(decodes_natively('bfloat16'))}"
 
 
 def decodes_natively(dtype: str) -> bool:

@@ -5,7 +5,8 @@ A CPU decode step streams every weight panel from memory once (SmolLM2-135M: 270
 miss walks two page tables. Backed by 2 MiB pages, the same stream ran faster: measured on a
 2-core AMD EPYC (`avx2 avx512_bf16 avx512*`, no AMX; SmolLM2's 30 layers and lm_head packed
 bf16, 2 kernel threads, both page sizes in one process, alternated): 1-16 rows 7-15% faster,
-fp32 1-9 rows 5-20% (docs/cpu-backend.md has the figures). The paged K/V cache gained nothing
+fp32 1-9 rows 5-20%; a whole engine step gained less than that VM's noise (docs/cpu-backend.md
+has the figures). The paged K/V cache gained nothing
 from them (its rows are read a few at a time), so only panels use them.
 
 Rules:
@@ -28,6 +29,7 @@ Rules:
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import mmap
 import sys
@@ -54,9 +56,10 @@ _used = 0
 _state: dict = {}
 
 
+@functools.lru_cache(maxsize=None)
 def kernel_mode(path: Path = THP_SWITCH) -> str:
     """The kernel's transparent huge page mode (``always``, ``madvise``, ``never``), or
-    ``"unknown"`` where the switch cannot be read."""
+    ``"unknown"`` where the switch cannot be read (read once per path)."""
     try:
         text = path.read_text()
     except OSError:
@@ -109,8 +112,7 @@ def empty(count: int, dtype: torch.dtype) -> torch.Tensor:
     global _chunk, _used
     if not isinstance(count, int) or count < 0:
         raise ValueError(f"count must be an int >= 0, got {count!r}")
-    elem = torch.empty((), dtype=dtype).element_size()
-    nbytes = count * elem
+    nbytes = count * dtype.itemsize
     if nbytes < MIN_BYTES or not enabled():
         return torch.empty(count, dtype=dtype)
     need = -(-nbytes // ALIGN) * ALIGN
