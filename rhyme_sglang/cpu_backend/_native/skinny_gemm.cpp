@@ -112,9 +112,7 @@ struct Bf16 {
     }
     // fp32 -> bf16 to nearest even (torch's rounding; a NaN becomes 0x7FC0)
     [[gnu::always_inline]] static inline void put(void* y, int64_t at, v16f v, int64_t n) {
-        v16u bits;
-        std::memcpy(&bits, &v, sizeof bits);
-        const v16h out = __builtin_convertvector(bf16_bits(bits), v16h);
+        const v16h out = bf16_halves(v);
         std::memcpy(static_cast<uint16_t*>(y) + at, &out, n * sizeof(uint16_t));
     }
 };

@@ -217,24 +217,13 @@ template <typename V>
     return g * (g >= zero ? one / (one + e) : e / (one + e));
 }
 
-// The uint32 and bf16 vectors as wide as V.
-template <typename V> struct Bits;
-template <> struct Bits<v8f> { typedef v8u U; typedef v8h H; };
-template <> struct Bits<v16f> { typedef v16u U; typedef v16h H; };
-
-// Lanes widened to fp32 / rounded to T and stored, lane by lane as wide() and narrow<T>() do
-// (bf16: to nearest even, a NaN to 0x7FC0); roundv<T> is narrow then wide.
-template <typename V>
-[[gnu::always_inline]] inline typename Bits<V>::U bf16_lanes(V v) {  // each lane's bf16, low half
-    typename Bits<V>::U bits;
-    std::memcpy(&bits, &v, sizeof bits);
-    return bf16_bits(bits);
-}
+// Lanes rounded to T and stored, lane by lane as narrow<T>() does (bf16: bf16_halves of vec.h);
+// roundv<T> is narrow then wide.
 template <typename V>
 [[gnu::always_inline]] inline void storev_as(float* p, V v) { storev<V>(p, v); }
 template <typename V>
 [[gnu::always_inline]] inline void storev_as(uint16_t* p, V v) {
-    const typename Bits<V>::H h = __builtin_convertvector(bf16_lanes(v), typename Bits<V>::H);
+    const typename Bits<V>::H h = bf16_halves(v);
     std::memcpy(p, &h, sizeof h);
 }
 template <typename T, typename V>

@@ -91,6 +91,23 @@ template <typename U>
     return (bits & 0x7FFFFFFFu) > 0x7F800000u ? U{} + 0x7FC0u : rounded;
 }
 
+// The uint32 and bf16 vectors as wide as V.
+template <typename V> struct Bits;
+template <> struct Bits<v8f> { typedef v8u U; typedef v8h H; };
+template <> struct Bits<v16f> { typedef v16u U; typedef v16h H; };
+
+// Each lane's bf16 (bf16_bits), in the low half of a uint32 lane / as a vector of bf16.
+template <typename V>
+[[gnu::always_inline]] inline typename Bits<V>::U bf16_lanes(V v) {
+    typename Bits<V>::U bits;
+    std::memcpy(&bits, &v, sizeof bits);
+    return bf16_bits(bits);
+}
+template <typename V>
+[[gnu::always_inline]] inline typename Bits<V>::H bf16_halves(V v) {
+    return __builtin_convertvector(bf16_lanes(v), typename Bits<V>::H);
+}
+
 [[gnu::always_inline]] inline uint16_t f32_to_bf16(float f) {
     uint32_t bits;
     std::memcpy(&bits, &f, sizeof bits);
