@@ -269,10 +269,11 @@ class SpecCostModel:
         for w in self.candidates:
             seconds = self.estimate(batch_size, w, keys)
             gain = 0.0 if w == PLAIN else scale * float(expected.get(w, 0.0))
-            tokens = batch_size + gain
-            if horizon is not None:
+            if horizon is None:
+                tokens = batch_size + gain
+            else:  # the foreground's tokens (``expected`` leaves background requests out)
                 crit = 0.0 if w == PLAIN else scale * float((critical or {}).get(w, 0.0))
-                tokens = horizon.useful(tokens, crit)
+                tokens = horizon.useful(horizon.rows(batch_size) + gain, crit)
             out[w] = None if not seconds else tokens / seconds
         return out
 
@@ -313,7 +314,9 @@ class SpecCostModel:
           (:meth:`batch_expected`) with ``calibrated=True``; ``critical[w]``: the critical
           requests' mean, in the same form (:meth:`critical_expected`).
 
-        ``horizon``: rates count useful tokens only (module docstring). ``contexts``: each
+        ``horizon``: rates count useful tokens only (module docstring), and its background
+        requests' drafts are not verified (``expected`` and ``critical`` must leave them out:
+        :meth:`batch_expected` with a factor of 0). ``contexts``: each
         request's context tokens, which price the step's attention (unknown: its cells as
         measured). ``raw``: ``gains`` (per request) or ``expected`` (per width) at face value,
         no calibration, for probes (:mod:`rhyme_sglang.core.probes`). Plain is measured first
@@ -354,12 +357,17 @@ class SpecCostModel:
 
     def _decide_rows(self, bs: int, gains, horizon, contexts, raw) -> Decision:
         plain = [0] * bs
+        if horizon is not None and horizon.background:  # background drafts are not verified
+            gains = [g if horizon.foreground(i) else [] for i, g in enumerate(gains)]
+            if raw is not None:
+                raw = [g if horizon.foreground(i) else [] for i, g in enumerate(raw)]
         if not any(len(g) and g[0] > 0 for g in gains):
             return Decision(PLAIN, plain)
         if not self.steps.baseline_measured(bs):
             return Decision(PLAIN, plain, "baseline", None)
         keys = _keys(contexts, bs)
-        plain_rate = (bs if horizon is None else horizon.useful(bs, 0.0)) / self.estimate(bs, PLAIN, keys)
+        plain_rate = (bs if horizon is None else horizon.useful(horizon.rows(bs), 0.0)
+                      ) / self.estimate(bs, PLAIN, keys)
         best = self._allocations(bs, gains, horizon, contexts, keys)
         if best is None:
             return Decision(PLAIN, plain)

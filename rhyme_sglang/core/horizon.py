@@ -21,7 +21,7 @@ Standard library only.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Tuple
+from typing import FrozenSet, Tuple
 
 # requests whose predicted remainder is at least this share of the longest are the critical path
 CRITICAL_SHARE = 0.8
@@ -40,33 +40,55 @@ def remaining_tokens(predicted_length: float, done: int) -> float:
 @dataclass(frozen=True)
 class Horizon:
     """What is left of the engine's work when a decode step is chosen: each running request's
-    predicted remaining tokens (batch order, :func:`remaining_tokens`) and the waiting queue's
-    predicted tokens. The module docstring says how it caps a step's useful tokens."""
+    predicted remaining tokens (batch order, :func:`remaining_tokens`), the waiting queue's
+    predicted tokens and the batch indices of ``background`` requests. The module docstring
+    says how it caps a step's useful tokens."""
 
     remaining: Tuple[float, ...]
     queued: float = 0.0
-    longest: float = field(init=False)  # the longest remainder
-    work: float = field(init=False)  # every remainder plus the queue
+    background: FrozenSet[int] = frozenset()  # batch indices whose tokens are not this rollout's
+    longest: float = field(init=False)  # the longest foreground remainder
+    work: float = field(init=False)  # every foreground remainder plus the queue
 
     def __post_init__(self) -> None:
         if not self.remaining or min(self.remaining) <= 0:
             raise ValueError(f"remaining must be non-empty and > 0, got {self.remaining!r}")
         if self.queued < 0:
             raise ValueError(f"queued must be >= 0, got {self.queued}")
+        background = frozenset(self.background)
+        if any(not isinstance(i, int) or not 0 <= i < len(self.remaining) for i in background):
+            raise ValueError(f"background must hold batch indices below {len(self.remaining)}, "
+                             f"got {sorted(background, key=repr)!r}")
+        if len(background) == len(self.remaining):
+            background = frozenset()  # the engine's only work: count it all
+        object.__setattr__(self, "background", background)
         object.__setattr__(self, "remaining", tuple(float(r) for r in self.remaining))
         # derived once: useful() runs per candidate draft node on the scheduler's step
-        object.__setattr__(self, "longest", max(self.remaining))
-        object.__setattr__(self, "work", sum(self.remaining) + self.queued)
+        fore = [r for i, r in enumerate(self.remaining) if i not in background]
+        object.__setattr__(self, "longest", max(fore))
+        object.__setattr__(self, "work", sum(fore) + self.queued)
+
+    def rows(self, batch_size: int) -> int:
+        """The foreground rows of a batch of ``batch_size``: the tokens a plain step gives
+        this rollout."""
+        return batch_size - len(self.background)
+
+    def foreground(self, i: int) -> bool:
+        """Whether request ``i``'s tokens are this rollout's (its drafts may be verified)."""
+        return i not in self.background
 
     def critical(self) -> Tuple[int, ...]:
-        """Indices of the requests on the critical path (within ``CRITICAL_SHARE`` of the
-        longest remainder: predictions are per prompt, so near-longest ones count alike)."""
+        """Indices of the foreground requests on the critical path (within ``CRITICAL_SHARE``
+        of the longest remainder: predictions are per prompt, so near-longest ones count
+        alike)."""
         edge = CRITICAL_SHARE * self.longest
-        return tuple(i for i, r in enumerate(self.remaining) if r >= edge)
+        return tuple(i for i, r in enumerate(self.remaining)
+                     if r >= edge and i not in self.background)
 
     def useful(self, tokens: float, critical_gain: float) -> float:
-        """Of a step's ``tokens`` (batch size + accepted drafts), those that shorten the
-        rollout when the critical requests accept ``critical_gain`` drafts each."""
+        """Of a step's foreground ``tokens`` (:meth:`rows` + the foreground's accepted drafts),
+        those that shorten the rollout when the critical requests accept ``critical_gain``
+        drafts each."""
         return min(tokens, self.limit(critical_gain))
 
     def limit(self, critical_gain):

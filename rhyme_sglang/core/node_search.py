@@ -40,7 +40,8 @@ def best_prefix(batch_size: int, gain, request, times, horizon: Optional[Horizon
     step's tokens count as far as :meth:`Horizon.limit` of the critical requests' mean gain)."""
     if not len(gain):
         return 0.0, 0
-    tokens = batch_size + np.cumsum(gain)  # cumsum adds in order, as a loop would
+    rows = batch_size if horizon is None else horizon.rows(batch_size)
+    tokens = rows + np.cumsum(gain)  # cumsum adds in order, as a loop would
     if horizon is not None:
         share = int(is_critical.sum())
         crit = np.cumsum(np.where(is_critical[request], gain, 0.0))

@@ -13,7 +13,7 @@ from __future__ import annotations
 from rhyme_sglang.core import group_leaders, lpt_group_order, prompt_key
 from rhyme_sglang.core.horizon import Horizon, remaining_tokens
 from rhyme_sglang.core.ordering import MIN_SHARED
-from rhyme_sglang.sglang_ext.validation import custom_param
+from rhyme_sglang.sglang_ext.validation import custom_param, is_run_ahead
 
 
 def prompt_key_of(req) -> str:
@@ -100,10 +100,12 @@ class Scheduling:
             self.queued = sum(self._remaining(req) for req in queue)
 
     def horizon(self, reqs) -> Horizon:
-        """The running ``reqs``' predicted remainders and the waiting queue's predicted tokens
-        (noted after the last scheduling pass), for the cost model."""
+        """The running ``reqs``' predicted remainders, the waiting queue's predicted tokens
+        (noted after the last scheduling pass) and the run-ahead requests (background), for
+        the cost model."""
+        background = frozenset(i for i, req in enumerate(reqs) if is_run_ahead(req))
         with self.lock:
-            return Horizon(tuple(self._remaining(req) for req in reqs), self.queued)
+            return Horizon(tuple(self._remaining(req) for req in reqs), self.queued, background)
 
     def _remaining(self, req) -> float:
         """A request's predicted tokens to go (:func:`remaining_tokens`); the caller holds

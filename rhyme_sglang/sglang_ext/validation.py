@@ -127,6 +127,12 @@ def custom_param(req, key: str):
     return value
 
 
+def is_run_ahead(req) -> bool:
+    """Whether scheduler request ``req`` is a run-ahead request (``custom_params
+    ["rhyme_run_ahead"]`` true): draft-only tokens for a coming step."""
+    return custom_param(req, "rhyme_run_ahead") is True
+
+
 def check_token_ids(input_ids, vocab_size: int) -> None:
     """Raise ``ValueError`` naming the first token id outside ``[0, vocab_size)``."""
     if input_ids is None:

@@ -52,7 +52,7 @@ from rhyme_sglang.sglang_ext.scheduling import Scheduling
 from rhyme_sglang.sglang_ext.stats import SpecStats
 from rhyme_sglang.sglang_ext.step_costs import StepCostCache
 from rhyme_sglang.sglang_ext.tree_layout import draft_to_tree
-from rhyme_sglang.sglang_ext.validation import custom_param
+from rhyme_sglang.sglang_ext.validation import custom_param, is_run_ahead
 
 logger = logging.getLogger(__name__)
 ACTIVE_WORKERS: list = []  # the RhymeWorker of this scheduler process (hooks find it here)
@@ -80,11 +80,6 @@ def _contexts(batch) -> list:
     """Each request's context tokens in a decode batch (its sequence length)."""
     lens = batch.seq_lens_cpu if getattr(batch, "seq_lens_cpu", None) is not None else batch.seq_lens
     return lens.tolist()
-
-
-def is_run_ahead(req) -> bool:
-    """Whether ``req`` is a run-ahead request (``custom_params["rhyme_run_ahead"]`` true)."""
-    return custom_param(req, "rhyme_run_ahead") is True
 
 
 def track(requests: RequestTable, req) -> None:
@@ -290,6 +285,8 @@ class RhymeWorker(ControlCommands, NGRAMWorker):
                                     horizon=horizon, contexts=contexts, raw=raw)
         per_request = [expected_accepts(d, self.widths) for d in drafts]
         factors = [self.requests.evidence_factor(r.rid) for r in batch.reqs]
+        if horizon is not None and horizon.background:  # never verified: no expected gain
+            per_request = [r if horizon.foreground(i) else {} for i, r in enumerate(per_request)]
         critical = None if horizon is None else \
             self.cost.critical_expected(per_request, horizon, factors)
         expected = self.cost.batch_expected(per_request, factors)

@@ -426,6 +426,43 @@ def test_ragged_horizon_takes_the_long_requests_nodes():
         m.decide(8, gains=gains, horizon=Horizon((1, 2)))
 
 
+def test_background_requests_are_no_work_on_the_critical_path():
+    h = Horizon((100, 300, 90, 10), queued=15, background={1})
+    assert h.longest == 100 and h.work == 215 and h.rows(4) == 3
+    assert h.critical() == (0, 2) and not h.foreground(1) and h.foreground(0)
+    alone = Horizon((5, 7), background={0, 1})  # the engine's only work: all of it counts
+    assert alone.background == frozenset() and alone.longest == 7 and alone.rows(2) == 2
+    for bad in ({4}, {-1}, {"1"}):
+        with pytest.raises(ValueError, match="background"):
+            Horizon((1, 2, 3, 4), background=bad)
+
+
+def test_run_ahead_rows_neither_hold_back_nor_take_the_verify():
+    """One straggler with confident drafts and seven run-ahead requests with long predicted
+    remainders. Counted as work, the run-ahead rows are the critical path and have no drafts,
+    so the step is plain; as background the straggler's nodes are verified, and background
+    drafts are never taken, however confident."""
+    m = _ragged_model()
+    gains = [[0.9, 0.85, 0.8, 0.7]] + [[]] * 7
+    remaining = (150.0,) + (300.0,) * 7
+    assert m.decide(8, gains=gains, horizon=Horizon(remaining))[:2] == (PLAIN, [0] * 8)
+    ahead = Horizon(remaining, background=set(range(1, 8)))
+    width, counts = m.decide(8, gains=gains, horizon=ahead)[:2]
+    assert counts == [4] + [0] * 7 and width == 4  # (1 + 3.25) / 0.23 s against 1 / 0.20 s
+    confident = [[0.9, 0.85, 0.8, 0.7]] + [[0.99] * 4] * 7
+    assert m.decide(8, gains=confident, horizon=ahead)[1] == [4] + [0] * 7
+    # one width for the batch: the rate counts the foreground's rows and drafts only
+    tail = _tail_model()
+    per_request = [{4: 2.0}] + [{}] * 3  # the worker leaves background requests out
+    expected = tail.batch_expected(per_request)
+    quiet = Horizon((100, 300, 300, 300), background={1, 2, 3})
+    assert tail.decide(4, expected=expected, calibrated=True, horizon=quiet,
+                       critical=tail.critical_expected(per_request, quiet)).width == 4
+    loud = Horizon((100, 300, 300, 300))
+    assert tail.decide(4, expected=expected, calibrated=True, horizon=loud,
+                       critical=tail.critical_expected(per_request, loud)).width == PLAIN
+
+
 def test_a_promising_seeded_cell_is_tried_at_once_then_judged_on_its_measurement():
     """A seeded cell is an estimate: within ``explore_within`` of the best rate it is run on
     the first decision (a seed saved by a long-context rollout kept bench_serving's batch-1

@@ -154,6 +154,49 @@ def test_cost_model_starts_from_the_last_engines_step_costs(tiny, engines, basel
             assert line["accepted"] == 0 and line["rows"] == line["bs"]
 
 
+def test_run_ahead_rows_leave_the_verifies_to_the_real_request(tiny, baseline):
+    """A real request and six run-ahead requests (``rhyme_run_ahead``) in one batch, every
+    prompt with a perfect history (greedy, the round before). While the real request runs the
+    run-ahead rows are background work: their drafts are not verified, so none of them accepts
+    a draft, while the real request takes most of its tokens from drafts, with plain
+    decoding's tokens and logprobs. The run-ahead requests are aborted while it runs."""
+    engine = tiny("tiny-rhyme-adaptive", rhyme_memory_mb=256)
+    prompts = [PROMPTS[0]] + DOZEN[:6]
+    pids = [f"bg-{i}" for i in range(len(prompts))]
+
+    def params(pid, run_ahead=False, max_new_tokens=GREEDY["max_new_tokens"]):
+        custom = {"rhyme_prompt_id": pid, "rhyme_sample": 0}
+        if run_ahead:
+            custom["rhyme_run_ahead"] = True
+        return {**GREEDY, "max_new_tokens": max_new_tokens, "custom_params": custom}
+
+    for _ in range(2):  # the history: greedy answers of every prompt, then one more round
+        engine.generate(input_ids=prompts, sampling_params=[params(p) for p in pids])
+        engine.rhyme_advance_epoch()
+
+    async def step():
+        ahead = [asyncio.ensure_future(engine.async_generate(
+            input_ids=p, rid=f"bg-ahead-{k}", sampling_params=params(pid, True, 400)))
+            for k, (p, pid) in enumerate(zip(prompts[1:], pids[1:]))]
+        real, aborted = None, False
+        async for real in await engine.async_generate(
+                input_ids=prompts[0], sampling_params=params(pids[0]), return_logprob=True,
+                stream=True):
+            if not aborted and len(real["output_ids"]) >= 24:  # stop them while it still runs
+                aborted = True
+                for k in range(len(ahead)):
+                    engine.tokenizer_manager.abort_request(f"bg-ahead-{k}")
+        return real, await asyncio.gather(*ahead)
+
+    real, ahead = engine.loop.run_until_complete(step())
+    _assert_greedy_matches([real], {"greedy": baseline["greedy"][:1],
+                                    "greedy_logprobs": baseline["greedy_logprobs"][:1]})
+    assert all(a["meta_info"]["finish_reason"]["type"] == "abort" for a in ahead)
+    assert [a["meta_info"].get("spec_num_correct_drafts", 0) for a in ahead] == [0] * len(ahead)
+    drafted = real["meta_info"]["spec_num_correct_drafts"] / (len(real["output_ids"]) - 1)
+    assert drafted >= 0.5, drafted
+
+
 def _assert_logprobs_match_model(model_path, prompts, outputs):
     import torch
     from transformers import AutoModelForCausalLM
