@@ -113,7 +113,12 @@ def test_the_cost_models_horizon_comes_from_the_store_and_the_waiting_queue():
     assert scheduling.queued == 100.0  # two waiting requests of the 50-token prompt
     horizon = scheduling.horizon(running)
     assert horizon.remaining == (40.0, 22.5) and horizon.queued == 100.0  # 45 > 2/3 x 50
-    assert horizon.critical() == (0,)
+    assert horizon.critical() == (0,) and horizon.background == frozenset()
+    ahead = _req("a2", [], 0)  # a fresh run-ahead request: the whole prediction to go
+    ahead.sampling_params.custom_params["rhyme_run_ahead"] = True
+    horizon = scheduling.horizon(running + [ahead])
+    assert horizon.background == {2} and horizon.critical() == (0,) and horizon.longest == 40.0
+    assert scheduling.horizon([ahead]).background == frozenset()  # alone: the engine's work
     scheduling.config = RhymeConfig(horizon=False)
     scheduling.note_waiting([])
     assert scheduling.queued == 100.0  # off: not kept
