@@ -395,7 +395,8 @@ class DraftStore(HistoryUpkeep):
 
     def drop_prompts(self, prompt_ids: Sequence[str]) -> int:
         """Remove these prompts and their history (records, their prompt tries' contributions,
-        reward bookkeeping, length statistics); returns how many were dropped. Their
+        reward bookkeeping, length statistics: their latest means stay in the prediction for
+        unseen prompts, `LengthStats`); returns how many were dropped. Their
         global-trie contributions stay, up to `StoreConfig.dropped_global_tokens`, until the
         prompt comes back or newer drops push them out (`HistoryUpkeep`). Unknown ids are ignored and prompts with a
         request in flight are kept (`prompts_in_flight` names them). ValueError, and nothing

@@ -58,12 +58,33 @@ def test_length_predictions_follow_every_change():
     assert ls.predict("a") == 25.0 and ls.predict("unknown") == 25.0
     ls.forget("nothing-here")
     assert ls.predict("a") == 25.0
-    ls.forget("a")
-    assert ls.predict("a") == 30.0 and ls.predict("unknown") == 30.0
+    ls.forget("a")  # its latest mean (20) stays in the unknown-prompt mean
+    assert ls.predict("a") == 25.0 and ls.predict("unknown") == 25.0
     other = LengthStats()
     assert other.predict("b") == 512.0
-    other.load_state(ls.to_state())
-    assert other.predict("b") == 30.0
+    other.load_state(ls.to_state())  # snapshots hold the kept prompts only
+    assert other.predict("b") == 30.0 and other.predict("unknown") == 30.0
+    ls.record("a", 2, 0, 50)  # back: its own statistics, no longer counted as forgotten
+    assert ls.predict("a") == 50.0 and ls.predict("unknown") == 40.0
+
+
+def test_forgotten_prompts_keep_the_unknown_prediction(monkeypatch):
+    """An engine that drops each step's prompts predicts an unseen prompt as one that kept
+    them all, up to the latest FORGOTTEN_MEANS forgotten prompts."""
+    from rhyme_sglang.core import lengths
+
+    kept, dropped = LengthStats(default=512.0), LengthStats(default=512.0)
+    for i, n in enumerate([100, 300, 200]):
+        for ls in (kept, dropped):
+            ls.record(f"p{i}", 0, 0, n)
+        dropped.forget(f"p{i}")
+    assert dropped.keys() == [] and dropped.predict("new") == kept.predict("new") == 200.0
+    assert dropped.estimate_memory() == 3 * 100  # a mean each
+    monkeypatch.setattr(lengths, "FORGOTTEN_MEANS", 3)
+    dropped.record("p3", 0, 0, 700)
+    dropped.forget("p3")  # p0 (100) is the oldest forgotten: it goes
+    assert dropped.predict("new") == pytest.approx((300 + 200 + 700) / 3)
+    assert dropped.estimate_memory() == 3 * 100
 
 
 def test_lpt_beats_round_robin_on_skewed_loads():
