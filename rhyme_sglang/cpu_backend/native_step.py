@@ -42,13 +42,15 @@ _COLUMN_DTYPES = ({}, {}) + (_PANELS, _FP32) * 4 + ({}, {})
 
 
 def revisions() -> str:
-    """The native kernels' revisions (GEMM, attention), ISA and the panels' page size
-    (:func:`hugepages.mode`), or ``"none"`` where the modules are not built: what a CPU step's
-    measured cost depends on besides the machine."""
+    """The native kernels' revisions (GEMM, attention), ISA, the panels' page size
+    (:func:`hugepages.mode`) and how the linears' kernels are chosen
+    (``linear.MEASURE_METHOD``), or ``"none"`` where the modules are not built: what a CPU
+    step's measured cost depends on besides the machine."""
     if _native is None:
         return "none"
     return (f"gemm-r{getattr(_rhyme_gemm, 'revision', 0)}-attention-r"
-            f"{getattr(_rhyme_attention, 'revision', 1)}-{_rhyme_gemm.isa()}-{hugepages.mode()}")
+            f"{getattr(_rhyme_attention, 'revision', 1)}-{_rhyme_gemm.isa()}-"
+            f"{linear.MEASURE_METHOD}-{hugepages.mode()}")
 
 
 def takes_bf16() -> bool:

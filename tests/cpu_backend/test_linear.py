@@ -243,6 +243,35 @@ def test_measured_choice_has_a_verdict_per_bucket(monkeypatch):
     assert len(choice) == len(linear.BUCKETS) and set(choice) <= set(linear.KERNELS)
 
 
+def test_buckets_past_the_budget_are_measured_not_copied(monkeypatch):
+    """A large weight's streamed copies can use up the budget in the first bucket; the later
+    buckets must still be measured (the kernels' rank changes with the rows)."""
+    import time as _time
+
+    def fake_kernels(weights):
+        def native(x):
+            _time.sleep(1e-4 * x.shape[0])  # grows with the rows
+
+        def onednn(x):
+            _time.sleep(2e-3)  # flat
+        return {"plain": lambda x: None, "native": native, "onednn": onednn}
+
+    monkeypatch.setattr(linear, "streamed_kernels", fake_kernels)
+    monkeypatch.setattr(linear, "streamed_copies", lambda o, i, dtype, gen: [None] * 8)
+    monkeypatch.setattr(linear, "best_times", lambda kernels, repeats, deadline: {
+        name: (0.05 if name == "plain" else _timed(fn)) for name, fn in kernels.items()})
+    choice = linear.measure_choice(48, 32, torch.float32, repeats=1, budget_s=0.0)
+    assert choice[0] == "native" and choice[-1] == "onednn", choice
+
+
+def _timed(fn) -> float:
+    import time as _time
+
+    start = _time.perf_counter()
+    fn()
+    return _time.perf_counter() - start
+
+
 def test_a_stale_cache_entry_is_measured_again(monkeypatch, tmp_path):
     """A cache written by an older release (booleans) is not misread as kernel names."""
     monkeypatch.setenv(linear.MODE_ENV, "auto")
