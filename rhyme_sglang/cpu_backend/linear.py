@@ -20,7 +20,9 @@ Other CPUs differ, so nothing here is assumed:
 * the choice is **measured per weight shape and row-count bucket** (``BUCKETS``), on the
   thread count the scheduler computes with, best of a few runs of each kernel, and cached per
   machine in ``~/.cache/rhyme_sglang/linear_kernels.json`` (the GEMM probe's key: CPU model,
-  flags, torch version).
+  flags, torch version). Where the native kernel wins any bucket, every bucket uses it
+  (:func:`row_independent`: lossless speculation needs a row's bits not to depend on the row
+  count), so the measurement picks between the others only where native does not apply.
 * a packed weight is a second copy (a third where some buckets pick oneDNN and others native).
   ``RHYME_CPU_LINEAR=plain`` turns the whole thing off, ``packed`` forces oneDNN where it can
   pack (bf16 needs avx512bw/vl/dq or avx_ne_convert), ``native`` forces ours where it applies
@@ -311,8 +313,18 @@ def kernel_choice(out_features: int, in_features: int, dtype: torch.dtype,
             os.replace(tmp, cache)
         except OSError as exc:  # a read-only home still runs; it measures again next time
             logger.debug("could not cache linear kernel choices in %s: %s", cache, exc)
+    choice = row_independent(choice)
     _choices[key] = choice
     return choice
+
+
+def row_independent(choice: tuple[str, ...]) -> tuple[str, ...]:
+    """``choice`` with every bucket on the native kernel where any bucket measured it (it
+    applies to the shape): a token's bits must not depend on the row count, or a verify (many
+    rows) and the plain step it replaces (few) may round apart, and greedy tokens differ (an
+    AMX Xeon measured oneDNN faster from 33 rows for the tiny model's bf16 shapes, and the
+    lossless suite's bf16 greedy test failed). Elsewhere the measured kernels stand."""
+    return ("native",) * len(choice) if "native" in choice else choice
 
 
 class LinearState:

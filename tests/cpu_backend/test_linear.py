@@ -230,7 +230,10 @@ def test_auto_measures_once_and_caches(monkeypatch, tmp_path):
     cache = tmp_path / "rhyme_sglang" / "linear_kernels.json"
     first = linear.kernel_choice(64, 32, torch.float32)
     assert calls == [(64, 32)] and cache.exists()
-    assert list(json.loads(cache.read_text()).values()) == [list(first)]
+    measured = list(json.loads(cache.read_text()).values())  # the cache keeps the measurement
+    assert measured == [[linear.KERNELS[i % 3] for i in range(len(linear.BUCKETS))]]
+    assert first == ("native",) * len(linear.BUCKETS)  # native won a bucket: it takes them all
+    assert linear.row_independent(("plain", "onednn")) == ("plain", "onednn")
     monkeypatch.setattr(linear, "_choices", {})  # a new process: read from disk, no measuring
     assert linear.kernel_choice(64, 32, torch.float32) == first and calls == [(64, 32)]
     linear.kernel_choice(64, 48, torch.float32)  # another shape is measured on its own
